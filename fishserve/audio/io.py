@@ -1,0 +1,128 @@
+"""Audio file decoding (reference voices) and WAV writing.
+
+``load_audio`` decodes anything PyAV/FFmpeg reads (wav, flac, mp3, ogg/vorbis, ogg/opus, m4a, ...)
+plus raw float ``.npy`` arrays, averages channels to mono and resamples with soxr (high quality)
+to the model rate (44.1 kHz for Fish Speech 1.5, spec §4.6 step 1).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import av
+import numpy as np
+import soundfile as sf
+import soxr
+
+__all__ = ["AudioDecodeError", "load_audio", "write_wav"]
+
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+class AudioDecodeError(ValueError):
+    """The input is not decodable audio, or decodes to no samples."""
+
+
+def load_audio(source: str | Path | bytes, target_sr: int = 44100) -> np.ndarray:
+    """Decode audio to a mono float32 waveform at ``target_sr``.
+
+    Args:
+        source: a file path, or the file's bytes. ``.npy`` content (detected by its magic
+            bytes) must be a 1-D float array already at ``target_sr``; it is not resampled.
+        target_sr: output sample rate in Hz.
+
+    Returns:
+        ``(N,)`` float32 array, channels averaged, nominally in [-1, 1].
+
+    Raises:
+        FileNotFoundError: ``source`` is a path that does not exist.
+        AudioDecodeError: undecodable data, no audio stream, no samples or non-finite samples.
+        ValueError: ``target_sr`` is not positive.
+    """
+    if target_sr <= 0:
+        raise ValueError(f"target_sr must be positive, got {target_sr}")
+    data, label = _read_source(source)
+    if data.startswith(_NPY_MAGIC):
+        audio = _load_npy(data, label)
+    else:
+        channels, sample_rate = _decode_av(data, label)
+        audio = channels.mean(axis=0, dtype=np.float32)
+        if sample_rate != target_sr:
+            audio = soxr.resample(audio, sample_rate, target_sr, quality="HQ")
+    if audio.size == 0:
+        raise AudioDecodeError(f"{label}: contains no audio samples")
+    if not np.isfinite(audio).all():
+        raise AudioDecodeError(f"{label}: contains NaN or infinite samples")
+    return np.ascontiguousarray(audio, dtype=np.float32)
+
+
+def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> None:
+    """Write float audio as 16-bit PCM WAV.
+
+    Args:
+        path: output file path.
+        audio: ``(N,)`` mono or ``(N, C)`` float samples; values are clipped to [-1, 1] (no
+            wrap-around) and NaN becomes 0.
+        sample_rate: sample rate in Hz.
+
+    Raises:
+        ValueError: ``audio`` is not 1-D/2-D or ``sample_rate`` is not positive.
+    """
+    audio = np.asarray(audio, dtype=np.float32)
+    if audio.ndim not in (1, 2):
+        raise ValueError(f"audio must be (N,) or (N, C), got shape {audio.shape}")
+    if sample_rate <= 0:
+        raise ValueError(f"sample_rate must be positive, got {sample_rate}")
+    clipped = np.clip(np.nan_to_num(audio, nan=0.0), -1.0, 1.0)
+    sf.write(str(path), clipped, int(sample_rate), subtype="PCM_16", format="WAV")
+
+
+def _read_source(source: str | Path | bytes) -> tuple[bytes, str]:
+    """Return the raw bytes and a label for error messages."""
+    if isinstance(source, bytes | bytearray | memoryview):
+        return bytes(source), "audio bytes"
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"audio file not found: {path}")
+    return path.read_bytes(), str(path)
+
+
+def _load_npy(data: bytes, label: str) -> np.ndarray:
+    try:
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError) as exc:
+        raise AudioDecodeError(f"{label}: unreadable .npy data: {exc}") from exc
+    array = np.squeeze(array)
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.floating):
+        raise AudioDecodeError(
+            f"{label}: .npy audio must be a 1-D float array, got {array.dtype} {array.shape}"
+        )
+    return array.astype(np.float32)
+
+
+def _decode_av(data: bytes, label: str) -> tuple[np.ndarray, int]:
+    """Decode the first audio stream to ``(channels, samples)`` float32 and its rate in Hz."""
+    if not data:
+        raise AudioDecodeError(f"{label}: empty input")
+    try:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            if not container.streams.audio:
+                raise AudioDecodeError(f"{label}: no audio stream found")
+            stream = container.streams.audio[0]
+            resampler = av.AudioResampler(format="fltp")  # keep layout and rate
+            chunks: list[np.ndarray] = []
+            rate = 0
+            for frame in container.decode(stream):
+                rate = rate or frame.sample_rate
+                chunks.extend(f.to_ndarray() for f in resampler.resample(frame))
+            chunks.extend(f.to_ndarray() for f in resampler.resample(None))
+    except AudioDecodeError:
+        raise
+    except (av.error.FFmpegError, ValueError, OSError, RuntimeError) as exc:
+        raise AudioDecodeError(f"{label}: cannot decode audio: {exc}") from exc
+    if not chunks or rate <= 0:
+        raise AudioDecodeError(f"{label}: contains no audio samples")
+    if len({c.shape[0] for c in chunks}) != 1:
+        raise AudioDecodeError(f"{label}: channel count changes inside the stream")
+    return np.concatenate(chunks, axis=1).astype(np.float32, copy=False), rate

@@ -1,0 +1,154 @@
+"""Batched token sampling with the reference's semantics (spec §5) and counter-based noise.
+
+One call samples a token for every row of a batch, each row with its own temperature, top-p,
+repetition penalty and seed. The random draw is `argmax(p / q)` with q ~ Exponential(1) (an
+exact categorical sample without a host synchronisation). Instead of a stateful generator per
+request, q comes from a hash of (seed, counter, vocabulary index): the draw of a request never
+depends on which other requests share the batch, on the batch order, or on the device
+(integer hashing is exact everywhere), so seeded output is reproducible across batch sizes and
+between the reference loop and the engine.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+# Spec §5: the penalty window spans the last 16 frames produced by the decode loop.
+REPETITION_WINDOW = 16
+# Spec §5: logits are divided by max(temperature, 1e-5); at or below it sampling is greedy.
+MIN_TEMPERATURE = 1e-5
+_MASK32 = 0xFFFFFFFF
+_GOLDEN32 = 0x9E3779B9
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling settings (defaults: the reference CLI's, spec §5).
+
+    Attributes:
+        temperature: > 0; at most 1e-5 means greedy.
+        top_p: nucleus mass in (0, 1]; the token that crosses the threshold is dropped.
+        repetition_penalty: > 0; 1.0 disables it. Applied over the last 16 frames.
+        seed: 32-bit seed of the request's noise; None draws a random one per request.
+    """
+
+    temperature: float = 0.7
+    top_p: float = 0.7
+    repetition_penalty: float = 1.2
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+    def resolved_seed(self) -> int:
+        """The seed to use: `seed` masked to 32 bits, or a fresh random one."""
+        return secrets.randbits(32) if self.seed is None else self.seed & _MASK32
+
+
+def _mul32(x: Tensor, c: int) -> Tensor:
+    """(x * c) mod 2**32 for int64 x in [0, 2**32), without int64 overflow."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _MASK32
+
+
+def _mix32(x: Tensor) -> Tensor:
+    """MurmurHash3's 32-bit finaliser (fmix32) on int64 values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def noise_counter(segment: Tensor, frame: Tensor, slot: int) -> Tensor:
+    """The noise stream of one draw: text segment, frame index within it, and slot.
+
+    Works elementwise on int64 tensors (or plain ints). Slot 0 is the slow token, slot i
+    (1 <= i < 16) codebook i; frames wrap after 2**20.
+    """
+    return (segment << 24) | ((frame & 0xFFFFF) << 4) | slot
+
+
+def exponential_noise(seeds: Tensor, counters: Tensor, vocab: int) -> Tensor:
+    """Exponential(1) samples from a hash of (seed, counter, index).
+
+    Args:
+        seeds: int64 (B,) 32-bit seeds.
+        counters: int64 (B,) draw counters (`noise_counter`).
+        vocab: number of categories V.
+
+    Returns:
+        float32 (B, V), strictly positive.
+    """
+    row = _mix32(_mix32(seeds & _MASK32) ^ (counters & _MASK32))
+    index = _mix32(_mul32(torch.arange(vocab, device=seeds.device), _GOLDEN32))
+    bits = _mix32(row[:, None] ^ index[None, :])
+    uniform = ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return -torch.log(uniform)
+
+
+def apply_repetition_penalty(logits: Tensor, window: Tensor, penalty: Tensor) -> Tensor:
+    """Penalise every id in the window once: l * rp if l < 0 else l / rp (spec §5, step 1).
+
+    Args:
+        logits: (B, V). window: int64 (B, W) ids. penalty: (B,).
+    """
+    scores = logits.gather(1, window)
+    rp = penalty.to(logits.dtype)[:, None]
+    scores = torch.where(scores < 0, scores * rp, scores / rp)
+    return logits.scatter(1, window, scores)
+
+
+def top_p_filter(logits: Tensor, top_p: Tensor) -> Tensor:
+    """Mask (to -inf) ids outside the nucleus of the *unscaled* logits (spec §5, step 2).
+
+    Sorted descending, an entry is removed when the cumulative probability including itself
+    exceeds top_p; the most likely entry is always kept.
+
+    Args:
+        logits: (B, V). top_p: (B,).
+    """
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+    remove_sorted = cumulative > top_p.to(cumulative.dtype)[:, None]
+    remove_sorted[:, 0] = False
+    remove = torch.zeros_like(remove_sorted).scatter(1, order, remove_sorted)
+    return logits.masked_fill(remove, float("-inf"))
+
+
+def sample(
+    logits: Tensor,
+    temperature: Tensor,
+    top_p: Tensor,
+    penalty: Tensor,
+    window: Tensor | None,
+    noise: Tensor,
+) -> Tensor:
+    """Sample one id per row: penalty, top-p, temperature, exponential-race draw (spec §5).
+
+    Args:
+        logits: (B, V) float. Sampling runs in float32 whatever the model dtype (the
+            reference samples in bf16/fp16, where logits / 1e-5 overflows fp16).
+        temperature, top_p, penalty: (B,) per-row settings.
+        window: int64 (B, W) ids to penalise, or None for no penalty.
+        noise: float32 (B, V) Exponential(1) samples (`exponential_noise`).
+
+    Returns:
+        int64 (B,) sampled ids.
+    """
+    logits = logits.float()
+    if window is not None:
+        logits = apply_repetition_penalty(logits, window, penalty)
+    logits = top_p_filter(logits, top_p)
+    scale = temperature.clamp(min=MIN_TEMPERATURE)[:, None]
+    probs = torch.softmax(logits / scale, dim=-1)
+    return torch.argmax(probs / noise, dim=-1)

@@ -1,0 +1,104 @@
+"""Tests for fishserve.audio.io (decoding reference audio, writing WAV)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from fishserve.audio.io import AudioDecodeError, load_audio, write_wav
+
+SR_IN = 48000
+TONE_HZ = 440.0
+
+
+def _stereo_tone(seconds: float = 1.0) -> np.ndarray:
+    """(N, 2) float32 at 48 kHz: the same 440 Hz sine at amplitude 0.5 (L) and 0.3 (R)."""
+    t = np.arange(int(SR_IN * seconds)) / SR_IN
+    tone = np.sin(2 * np.pi * TONE_HZ * t)
+    return np.stack([0.5 * tone, 0.3 * tone], axis=1).astype(np.float32)
+
+
+def _peak_hz(audio: np.ndarray, sample_rate: int) -> float:
+    spectrum = np.abs(np.fft.rfft(audio * np.hanning(len(audio))))
+    return float(np.argmax(spectrum)) * sample_rate / len(audio)
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "lossless"),
+    [
+        ("tone.wav", {"subtype": "PCM_16"}, True),
+        ("tone.flac", {}, True),
+        ("tone.ogg", {"format": "OGG", "subtype": "OPUS"}, False),
+        ("tone.mp3", {"format": "MP3"}, False),
+    ],
+)
+def test_load_resamples_downmixes_and_keeps_pitch(
+    tmp_path: Path, name: str, kwargs: dict, lossless: bool
+) -> None:
+    stereo = _stereo_tone()
+    path = tmp_path / name
+    sf.write(path, stereo, SR_IN, **kwargs)
+    audio = load_audio(path)
+    assert audio.dtype == np.float32 and audio.ndim == 1
+    expected = len(stereo) * 44100 / SR_IN
+    assert abs(len(audio) - expected) <= (2 if lossless else 2048)
+    assert abs(_peak_hz(audio, 44100) - TONE_HZ) < 2.0
+    if lossless:
+        assert abs(np.abs(audio[1000:-1000]).max() - 0.4) < 5e-3  # mean of 0.5 and 0.3
+    assert np.array_equal(load_audio(path.read_bytes()), audio)
+
+
+def test_target_rate_without_resampling(tmp_path: Path) -> None:
+    mono = _stereo_tone()[:, 0]
+    sf.write(tmp_path / "a.wav", mono, SR_IN, subtype="FLOAT")
+    audio = load_audio(str(tmp_path / "a.wav"), target_sr=SR_IN)
+    assert np.array_equal(audio, mono)
+
+
+def test_npy_is_taken_as_is(tmp_path: Path) -> None:
+    data = np.linspace(-0.5, 0.5, 1000, dtype=np.float32)
+    np.save(tmp_path / "a.npy", data)
+    assert np.array_equal(load_audio(tmp_path / "a.npy"), data)
+    assert np.array_equal(load_audio((tmp_path / "a.npy").read_bytes()), data)
+    np.save(tmp_path / "b.npy", np.zeros((2, 10), dtype=np.float32))
+    with pytest.raises(AudioDecodeError):
+        load_audio(tmp_path / "b.npy")
+
+
+@pytest.mark.parametrize("data", [b"", b"not audio at all " * 64, b"RIFF\x00\x00\x00\x00WAVE"])
+def test_garbage_raises(data: bytes) -> None:
+    with pytest.raises(AudioDecodeError):
+        load_audio(data)
+
+
+def test_empty_audio_raises(tmp_path: Path) -> None:
+    sf.write(tmp_path / "empty.wav", np.zeros((0, 2), dtype=np.float32), SR_IN)
+    with pytest.raises(AudioDecodeError, match="no audio samples"):
+        load_audio(tmp_path / "empty.wav")
+    np.save(tmp_path / "empty.npy", np.zeros(0, dtype=np.float32))
+    with pytest.raises(AudioDecodeError):
+        load_audio(tmp_path / "empty.npy")
+
+
+def test_missing_file_raises(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        load_audio(tmp_path / "missing.wav")
+    assert issubclass(AudioDecodeError, ValueError)
+
+
+def test_write_wav_clips_instead_of_wrapping(tmp_path: Path) -> None:
+    path = tmp_path / "out.wav"
+    write_wav(path, np.array([1.5, -2.0, 0.5, 0.0, np.nan], dtype=np.float32), 44100)
+    info = sf.info(path)
+    assert (info.samplerate, info.channels, info.subtype) == (44100, 1, "PCM_16")
+    data, _ = sf.read(path, dtype="int16")
+    assert data.tolist() == [32767, -32768, 16384, 0, 0]
+
+
+def test_write_then_load_roundtrip(tmp_path: Path) -> None:
+    tone = 0.25 * np.sin(np.linspace(0, 200 * np.pi, 44100)).astype(np.float32)
+    write_wav(tmp_path / "rt.wav", tone, 44100)
+    assert np.abs(load_audio(tmp_path / "rt.wav") - tone).max() < 1e-4
