@@ -113,6 +113,14 @@ def synth(
     codes_output: Annotated[
         Path | None, typer.Option(help="Also write the codes (num_codebooks, frames) as .npy.")
     ] = None,
+    kv_cache_dtype: Annotated[
+        str, typer.Option(help="KV cache: auto (= weights), fp32, bf16, fp16, int8, fp8.")
+    ] = "auto",
+    block_size: Annotated[int, typer.Option(min=1, help="Positions per KV block.")] = 16,
+    max_num_seqs: Annotated[int, typer.Option(min=1, help="Engine batch cap.")] = 8,
+    reference_loop: Annotated[
+        bool, typer.Option(help="Use the simple batch-1 loop instead of the engine.")
+    ] = False,
 ) -> None:
     """Synthesize speech from text into a WAV file."""
     from fishserve.synthesis import SynthesisOptions, run_synth

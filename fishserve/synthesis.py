@@ -17,12 +17,15 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fishserve.audio.io import load_audio, write_wav
+from fishserve.engine.engine import EngineConfig, GenerationRequest, LLMEngine
 from fishserve.engine.long_text import generate_long, plan_long_text
 from fishserve.engine.reference import generate
 from fishserve.engine.sampling import SamplingParams
+from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.firefly import FireflyGenerator, load_firefly
 from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
 from fishserve.models.prompt import Reference
+from fishserve.models.tokenizer import FishTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,10 @@ class SynthesisOptions:
     device: str = "auto"
     dtype: str = "auto"
     codes_output: Path | None = None
+    reference_loop: bool = False
+    kv_cache_dtype: str = "auto"
+    block_size: int = 16
+    max_num_seqs: int = 8
 
 
 def load_decoder(
@@ -131,14 +138,11 @@ def decode_codes(decoder: FireflyGenerator, codes: torch.Tensor) -> np.ndarray:
 
 
 def run_synth(opts: SynthesisOptions, console: Console) -> None:
-    """Text -> codes (reference loop) -> waveform -> WAV file."""
+    """Text -> codes (engine, or the reference loop) -> waveform -> WAV file."""
     if not opts.text.strip():
         raise ValueError("--text is empty: nothing to synthesize")
     device = resolve_device(opts.device)
     dummy = opts.checkpoint is None or opts.load_format == "dummy"
-    max_new_tokens = opts.max_new_tokens
-    if max_new_tokens is None:
-        max_new_tokens = DUMMY_MAX_NEW_TOKENS if dummy else DEFAULT_MAX_NEW_TOKENS
     if dummy:
         console.print(RANDOM_WEIGHTS_WARNING)
     model, tokenizer = load_text2semantic(
@@ -150,44 +154,31 @@ def run_synth(opts: SynthesisOptions, console: Console) -> None:
     decoder = load_decoder(
         opts.decoder_checkpoint, opts.decoder_config, opts.checkpoint, device, dummy
     )
-    nc = model.config.num_codebooks
-    references = []
-    if opts.reference_audio is not None and opts.reference_codes is not None:
-        raise ValueError("give --reference-audio or --reference-codes, not both")
-    if opts.reference_audio is not None:
-        references.append(
-            Reference(encode_reference(decoder, opts.reference_audio), opts.reference_text)
-        )
-    elif opts.reference_codes is not None:
-        references.append(Reference(read_codes(opts.reference_codes, nc), opts.reference_text))
-    params = SamplingParams(opts.temperature, opts.top_p, opts.repetition_penalty, opts.seed)
-    plan = plan_long_text(tokenizer, nc, opts.text, references, opts.chunk_length, opts.max_length)
-
-    def one_segment(prompt: torch.Tensor, index: int) -> torch.Tensor:
-        return generate(
-            model,
-            prompt,
-            params,
-            tokenizer.im_end_id,
-            max_new_tokens,
-            seed=params.resolved_seed(),
-            segment=index,
-        )
-
+    max_new_tokens = opts.max_new_tokens
+    if max_new_tokens is None:
+        max_new_tokens = DUMMY_MAX_NEW_TOKENS if dummy else DEFAULT_MAX_NEW_TOKENS
+    request = GenerationRequest(
+        opts.text,
+        load_references(opts, decoder, model.config.num_codebooks),
+        SamplingParams(opts.temperature, opts.top_p, opts.repetition_penalty, opts.seed),
+        opts.chunk_length,
+        max_new_tokens,
+        opts.max_length,
+    )
     start = time.perf_counter()
-    segments = []
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} segments"),
-        TimeElapsedColumn(),
-        console=console,
-    ) as progress:
-        task = progress.add_task("generating", total=len(plan.segments))
-        for codes in generate_long(plan, one_segment):
-            segments.append(codes)
-            progress.advance(task)
-    codes = torch.cat(segments, dim=1).cpu()
+    if opts.reference_loop:
+        codes = generate_with_reference_loop(model, tokenizer, request, console)
+    else:
+        engine = LLMEngine(
+            model,
+            tokenizer,
+            EngineConfig(
+                kv_cache_dtype=opts.kv_cache_dtype,
+                block_size=opts.block_size,
+                max_num_seqs=opts.max_num_seqs,
+            ),
+        )
+        codes = generate_with_engine(engine, request, console)
     if codes.shape[1] == 0:
         raise ValueError("the model produced no audio frames (try a larger --max-new-tokens)")
     if opts.codes_output is not None:
@@ -199,6 +190,93 @@ def run_synth(opts: SynthesisOptions, console: Console) -> None:
     console.print(
         f"wrote {opts.output}: {seconds:.2f} s of audio ({codes.shape[1]} frames) in "
         f"{elapsed:.1f} s (RTF {elapsed / seconds:.2f})"
+    )
+
+
+def load_references(
+    opts: SynthesisOptions, decoder: FireflyGenerator, num_codebooks: int
+) -> list[Reference]:
+    """The reference voice of `--reference-audio` or `--reference-codes`, if any.
+
+    Raises:
+        ValueError: both were given, or the file is invalid.
+    """
+    if opts.reference_audio is not None and opts.reference_codes is not None:
+        raise ValueError("give --reference-audio or --reference-codes, not both")
+    if opts.reference_audio is not None:
+        return [Reference(encode_reference(decoder, opts.reference_audio), opts.reference_text)]
+    if opts.reference_codes is not None:
+        codes = read_codes(opts.reference_codes, num_codebooks)
+        return [Reference(codes, opts.reference_text)]
+    return []
+
+
+def generate_with_reference_loop(
+    model: DualARTransformer, tokenizer: FishTokenizer, request: GenerationRequest, console: Console
+) -> torch.Tensor:
+    """All segments through the batch-1 reference loop; codes (nc, frames) on CPU."""
+    plan = plan_long_text(
+        tokenizer,
+        model.config.num_codebooks,
+        request.text,
+        request.references,
+        request.chunk_length,
+        request.max_length,
+    )
+    seed = request.params.resolved_seed()
+
+    def one_segment(prompt: torch.Tensor, index: int) -> torch.Tensor:
+        return generate(
+            model,
+            prompt,
+            request.params,
+            tokenizer.im_end_id,
+            request.max_new_tokens,
+            seed=seed,
+            segment=index,
+        )
+
+    segments = []
+    with _progress(console) as progress:
+        task = progress.add_task("generating (reference loop)", total=len(plan.segments))
+        for codes in generate_long(plan, one_segment):
+            segments.append(codes.cpu())
+            progress.advance(task)
+    return torch.cat(segments, dim=1)
+
+
+def generate_with_engine(
+    engine: LLMEngine, request: GenerationRequest, console: Console
+) -> torch.Tensor:
+    """One request through the paged-KV engine; codes (nc, frames) on CPU.
+
+    Raises:
+        RuntimeError: the engine reported an error for the request.
+    """
+    seq = engine.prepare(request)
+    engine.enqueue(seq)
+    frames = []
+    with _progress(console) as progress:
+        task = progress.add_task("generating", total=len(seq.plan.segments))
+        while engine.has_work():
+            for event in engine.step():
+                if event.codes is not None:
+                    frames.append(event.codes)
+                if event.finish_reason == "error":
+                    raise RuntimeError(event.error)
+            progress.update(task, completed=seq.segment + int(not engine.has_work()))
+    if not frames:
+        return torch.zeros(engine.model.config.num_codebooks, 0, dtype=torch.int64)
+    return torch.stack(frames, dim=1)
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} segments"),
+        TimeElapsedColumn(),
+        console=console,
     )
 
 

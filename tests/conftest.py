@@ -34,3 +34,42 @@ def tiny_model() -> DualARTransformer:
 @pytest.fixture(scope="session")
 def generate_case() -> dict[str, torch.Tensor]:
     return load_file(TINY_T2S / "generate_case.safetensors")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from fishserve.models.tokenizer import FishTokenizer
+
+    return FishTokenizer(TINY_T2S)
+
+
+def make_engine(model, tokenizer, **overrides):
+    """An `LLMEngine` on the tiny model with a small fp32 KV pool (overridable)."""
+    from fishserve.engine.engine import EngineConfig, LLMEngine
+
+    settings = {"kv_cache_dtype": "fp32", "num_kv_blocks": 64, "max_num_seqs": 8}
+    settings.update(overrides)
+    return LLMEngine(model, tokenizer, EngineConfig(**settings))
+
+
+def run_engine(engine, requests, max_steps: int = 10_000):
+    """Submit `requests`, step until idle; return {request_id: (codes (nc, n), finish event)}."""
+    for request in requests:
+        engine.add_request(request)
+    frames = {r.request_id: [] for r in requests}
+    finals = {}
+    for _ in range(max_steps):
+        if not engine.has_work():
+            break
+        for event in engine.step():
+            if event.codes is not None:
+                frames[event.request_id].append(event.codes)
+            if event.finished:
+                finals[event.request_id] = event
+    else:
+        raise AssertionError("engine did not finish")
+    nc = engine.model.config.num_codebooks
+    return {
+        rid: (torch.stack(f, 1) if f else torch.zeros(nc, 0, dtype=torch.long), finals.get(rid))
+        for rid, f in frames.items()
+    }

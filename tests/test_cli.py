@@ -36,7 +36,8 @@ def long_case():
     )
 
 
-def test_synth_reproduces_fixture_codes_and_wav_length(tmp_path, long_case):
+@pytest.mark.parametrize("loop", [[], ["--reference-loop"], ["--kv-cache-dtype", "fp32"]])
+def test_synth_reproduces_fixture_codes_and_wav_length(tmp_path, long_case, loop):
     cfg, case = long_case
     ref = tmp_path / "ref.npy"
     np.save(ref, case["ref_codes"].numpy())

@@ -1,0 +1,191 @@
+"""Runs the engine's step loop on its own thread; the API the server talks to.
+
+Callers (HTTP handlers on an asyncio loop, or plain threads) `submit` requests and iterate
+their frames; they never touch engine state. Submissions and cancellations reach the engine
+thread through an inbox; frames come back through one queue per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterator
+
+from fishserve.engine.engine import EngineEvent, EngineStats, GenerationRequest, LLMEngine
+
+log = logging.getLogger(__name__)
+
+
+class EngineBusyError(RuntimeError):
+    """The waiting queue is full; retry later (HTTP 429)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread is not running."""
+
+
+class RequestStream:
+    """The events of one request, in order, ending with a `finished` event.
+
+    Iterate with `for` (blocking) or `async for` (when created with an event loop).
+    """
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.request_id = request_id
+        self._loop = loop
+        self._sync: queue.SimpleQueue[EngineEvent] = queue.SimpleQueue()
+        self._async: asyncio.Queue[EngineEvent] | None = asyncio.Queue() if loop else None
+
+    def put(self, event: EngineEvent) -> None:
+        """Deliver an event (called from the engine thread)."""
+        if self._async is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._async.put_nowait, event)
+        else:
+            self._sync.put(event)
+
+    def __iter__(self) -> Iterator[EngineEvent]:
+        while True:
+            event = self._sync.get()
+            yield event
+            if event.finished:
+                return
+
+    async def __aiter__(self) -> AsyncIterator[EngineEvent]:
+        if self._async is None:
+            raise RuntimeError("this stream was created without an event loop")
+        while True:
+            event = await self._async.get()
+            yield event
+            if event.finished:
+                return
+
+
+class AsyncEngine:
+    """Owns an `LLMEngine` and the thread that steps it.
+
+    Args:
+        engine: the engine (used only from the engine thread after `start`).
+        max_waiting: requests allowed to wait for admission; beyond it `submit` raises
+            `EngineBusyError`.
+    """
+
+    def __init__(self, engine: LLMEngine, max_waiting: int = 256) -> None:
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._streams: dict[str, RequestStream] = {}
+        self._lock = threading.Lock()
+        self._stats = engine.stats()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="fishserve-engine", daemon=True)
+
+    # -- caller side ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread."""
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the engine thread; unfinished requests get a cancelled event."""
+        self._stop.set()
+        self._inbox.put(("wake", None))
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the engine thread is running."""
+        return self._thread.is_alive() and not self._stop.is_set()
+
+    def submit(
+        self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None
+    ) -> RequestStream:
+        """Validate and queue a request; returns its event stream.
+
+        Raises:
+            EngineDeadError: the engine is not running.
+            EngineBusyError: the waiting queue is full.
+            ValueError (PromptTooLongError, KVPoolTooSmallError, ...): invalid request.
+        """
+        if not self.alive:
+            raise EngineDeadError("the engine is not running")
+        seq = self.engine.prepare(request)
+        stream = RequestStream(request.request_id, loop)
+        with self._lock:
+            if self._pending() >= self.max_waiting:
+                raise EngineBusyError(f"{self._pending()} requests are waiting; try again later")
+            if request.request_id in self._streams:
+                raise ValueError(f"duplicate request id {request.request_id!r}")
+            self._streams[request.request_id] = stream
+        self._inbox.put(("add", seq))
+        return stream
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a request (its blocks are freed before the next step)."""
+        self._inbox.put(("abort", request_id))
+
+    def stats(self) -> EngineStats:
+        """Counters as of the last step."""
+        return self._stats
+
+    def _pending(self) -> int:
+        """Requests submitted and not yet admitted (lock held)."""
+        running = self._stats.running
+        return max(len(self._streams) - running, 0)
+
+    # -- engine thread -------------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._drain_inbox(block=not self.engine.has_work())
+                if self.engine.has_work():
+                    self._dispatch(self.engine.step())
+                self._stats = self.engine.stats()
+        except Exception:
+            log.exception("engine thread crashed")
+        finally:
+            self._stop.set()
+            self._cancel_all()
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(*item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, kind: str, payload: object) -> None:
+        if kind == "add":
+            try:
+                self.engine.enqueue(payload)  # type: ignore[arg-type]
+            except ValueError as exc:
+                rid = payload.request_id  # type: ignore[attr-defined]
+                self._dispatch(
+                    [EngineEvent(rid, finished=True, finish_reason="error", error=str(exc))]
+                )
+        elif kind == "abort":
+            event = self.engine.abort(str(payload))
+            if event is not None:
+                self._dispatch([event])
+
+    def _dispatch(self, events: list[EngineEvent]) -> None:
+        for event in events:
+            with self._lock:
+                stream = self._streams.get(event.request_id)
+                if stream is not None and event.finished:
+                    del self._streams[event.request_id]
+            if stream is not None:
+                stream.put(event)
+
+    def _cancel_all(self) -> None:
+        with self._lock:
+            streams, self._streams = self._streams, {}
+        for rid, stream in streams.items():
+            stream.put(
+                EngineEvent(rid, finished=True, finish_reason="cancelled", error="engine stopped")
+            )

@@ -1,0 +1,328 @@
+"""The step loop: requests in, frames out, with continuous batching over a paged KV cache.
+
+`LLMEngine` is synchronous and single-threaded: `add_request`, `abort` and `step` must be
+called from one thread (`AsyncEngine` runs it on its own thread for the server).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from fishserve.engine.block_manager import BlockManager
+from fishserve.engine.kv_cache import KVCacheLayout, PagedKVCache, resolve_kv_dtype
+from fishserve.engine.long_text import DEFAULT_MAX_LENGTH, plan_long_text
+from fishserve.engine.memory import (
+    MemoryPlan,
+    estimate_activation_bytes,
+    module_bytes,
+    plan_memory,
+)
+from fishserve.engine.reference import PromptTooLongError, frame_budget
+from fishserve.engine.runner import ModelRunner
+from fishserve.engine.sampling import SamplingParams
+from fishserve.engine.scheduler import Scheduler, SchedulerConfig
+from fishserve.engine.sequence import Sequence
+from fishserve.models.dual_ar import DualARTransformer
+from fishserve.models.prompt import Reference
+from fishserve.models.tokenizer import FishTokenizer
+
+log = logging.getLogger(__name__)
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine settings.
+
+    Attributes:
+        kv_cache_dtype: auto (= weight dtype), fp32, bf16, fp16, int8, fp8.
+        block_size: positions per KV block.
+        max_num_seqs, max_num_batched_tokens: scheduler caps.
+        memory_budget: bytes for everything the engine allocates (weights, activations,
+            decoder workspace, KV pool); a float in (0, 1] is a fraction of the device's
+            memory. None: on CUDA 0.9 of the device, on CPU a KV pool of `cpu_kv_cache_bytes`.
+        num_kv_blocks: fixed pool size, bypassing the budget (tests, benchmarks).
+        decoder_workspace_bytes: memory set aside for the audio decoder.
+    """
+
+    kv_cache_dtype: str = "auto"
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    memory_budget: int | float | None = None
+    num_kv_blocks: int | None = None
+    decoder_workspace_bytes: int = 512 * MiB
+    cpu_kv_cache_bytes: int = 256 * MiB
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One text-to-speech request for the engine.
+
+    Attributes:
+        text: text to speak (cleaned and split into segments of `chunk_length` UTF-8 bytes).
+        references: voice references (codes + transcript).
+        params: sampling settings.
+        chunk_length: segment size in UTF-8 bytes (<= 0: one segment).
+        max_new_tokens: frame budget per segment (0 = until the context ends).
+        max_length: history window budget (spec §6.2).
+        ignore_eos: generate exactly the budget (benchmarks with random weights).
+    """
+
+    text: str
+    references: list[Reference] = field(default_factory=list)
+    params: SamplingParams = field(default_factory=SamplingParams)
+    chunk_length: int = 200
+    max_new_tokens: int = 1024
+    max_length: int = DEFAULT_MAX_LENGTH
+    ignore_eos: bool = False
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass
+class EngineEvent:
+    """What a step produced for one request.
+
+    Attributes:
+        codes: int64 (nc,) codes of one audio frame, or None for a final event.
+        finished: True on the request's last event.
+        finish_reason: "stop" (all segments done), "cancelled" or "error".
+        error: message when finish_reason is "error".
+    """
+
+    request_id: str
+    codes: Tensor | None = None
+    segment: int = 0
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class EngineStats:
+    """Counters for health and metrics."""
+
+    running: int
+    waiting: int
+    blocks_total: int
+    blocks_free: int
+    preemptions: int
+    frames_generated: int
+
+
+class KVPoolTooSmallError(ValueError):
+    """A prompt needs more KV blocks than the whole pool holds."""
+
+
+class LLMEngine:
+    """Continuous-batching generation over the DualAR model (see module docstring)."""
+
+    def __init__(
+        self, model: DualARTransformer, tokenizer: FishTokenizer, config: EngineConfig | None = None
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config = config or EngineConfig()
+        mc = model.config
+        weight_dtype = model.embeddings.weight.dtype
+        self.device = model.embeddings.weight.device
+        kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, weight_dtype)
+        layout = KVCacheLayout(
+            mc.n_layer, mc.n_local_heads, mc.head_dim, config.block_size, 1, kv_dtype
+        )
+        self.memory = self._plan_memory(layout.bytes_per_token)
+        layout = KVCacheLayout(
+            mc.n_layer,
+            mc.n_local_heads,
+            mc.head_dim,
+            config.block_size,
+            self.memory.num_blocks,
+            kv_dtype,
+        )
+        log.info("%s (KV %s)", self.memory.summary(), kv_dtype)
+        self.cache = PagedKVCache(layout, self.device)
+        self.blocks = BlockManager(layout.num_blocks, config.block_size)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.blocks
+        )
+        self.runner = ModelRunner(model, self.cache)
+        self.sequences: dict[str, Sequence] = {}
+        self.frames_generated = 0
+
+    # -- setup ---------------------------------------------------------------------------------
+    def _plan_memory(self, kv_bytes_per_token: int) -> MemoryPlan:
+        cfg = self.config
+        weights = module_bytes(self.model)
+        activations = estimate_activation_bytes(
+            self.model.config,
+            cfg.max_num_batched_tokens,
+            cfg.max_num_seqs,
+            self.model.embeddings.weight.dtype,
+        )
+        if cfg.num_kv_blocks is not None:
+            budget = (
+                weights
+                + activations
+                + cfg.decoder_workspace_bytes
+                + (cfg.num_kv_blocks * cfg.block_size * kv_bytes_per_token)
+            )
+        else:
+            budget = self._budget_bytes(weights + activations + cfg.decoder_workspace_bytes)
+        return plan_memory(
+            budget,
+            weights,
+            activations,
+            cfg.decoder_workspace_bytes,
+            kv_bytes_per_token,
+            cfg.block_size,
+        )
+
+    def _budget_bytes(self, fixed: int) -> int:
+        budget = self.config.memory_budget
+        if self.device.type == "cuda":
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            budget = 0.9 if budget is None else budget
+            return int(budget * total) if isinstance(budget, float) else int(budget)
+        if budget is None:
+            return fixed + self.config.cpu_kv_cache_bytes
+        if isinstance(budget, float):
+            raise ValueError("a fractional memory budget needs a GPU; give bytes on CPU")
+        return int(budget)
+
+    @property
+    def pool_positions(self) -> int:
+        """Positions the whole KV pool can hold."""
+        return self.blocks.num_blocks * self.blocks.block_size
+
+    # -- requests ------------------------------------------------------------------------------
+    def prepare(self, request: GenerationRequest) -> Sequence:
+        """Validate a request and build its sequence (tokenization, first prompt).
+
+        Touches no scheduler state, so it may run on any thread.
+
+        Raises:
+            ValueError: empty text or bad references.
+            PromptTooLongError / KVPoolTooSmallError: the first prompt can never run.
+        """
+        nc = self.model.config.num_codebooks
+        plan = plan_long_text(
+            self.tokenizer,
+            nc,
+            request.text,
+            request.references,
+            request.chunk_length,
+            request.max_length,
+        )
+        seq = Sequence(
+            request.request_id,
+            plan,
+            request.params,
+            request.params.resolved_seed(),
+            request.max_new_tokens,
+            request.ignore_eos,
+        )
+        self._start_segment(seq, plan.next_prompt(0))
+        return seq
+
+    def enqueue(self, seq: Sequence) -> None:
+        """Queue a prepared sequence (engine thread only).
+
+        Raises:
+            ValueError: a request with the same id is in the engine.
+        """
+        if seq.request_id in self.sequences:
+            raise ValueError(f"duplicate request id {seq.request_id!r}")
+        self.sequences[seq.request_id] = seq
+        self.scheduler.add(seq)
+
+    def add_request(self, request: GenerationRequest) -> None:
+        """`prepare` then `enqueue` (single-threaded use)."""
+        self.enqueue(self.prepare(request))
+
+    def _start_segment(self, seq: Sequence, prompt: Tensor) -> None:
+        length = prompt.shape[1]
+        budget = frame_budget(length, seq.max_new_tokens, self.model.config.max_seq_len)
+        room = self.pool_positions - length
+        if room <= 0:
+            raise KVPoolTooSmallError(
+                f"prompt of {length} positions needs {self.blocks.blocks_for(length + 1)} KV "
+                f"blocks; the pool has {self.blocks.num_blocks}"
+            )
+        seq.start_segment(prompt, min(budget, room))
+
+    def abort(self, request_id: str) -> EngineEvent | None:
+        """Cancel a request; its blocks are free when this returns. None if unknown."""
+        seq = self.sequences.pop(request_id, None)
+        if seq is None:
+            return None
+        self.scheduler.remove(seq)
+        return EngineEvent(request_id, finished=True, finish_reason="cancelled")
+
+    def has_work(self) -> bool:
+        """Whether any request is waiting or running."""
+        return bool(self.sequences)
+
+    def stats(self) -> EngineStats:
+        """Current counters."""
+        return EngineStats(
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            blocks_total=self.blocks.num_blocks,
+            blocks_free=self.blocks.num_free,
+            preemptions=self.scheduler.num_preemptions,
+            frames_generated=self.frames_generated,
+        )
+
+    # -- the step ------------------------------------------------------------------------------
+    def step(self) -> list[EngineEvent]:
+        """Schedule and run one batch; return the frames and completions it produced."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        try:
+            results = self.runner.execute(batch)
+        except Exception as exc:  # a failed step fails its requests, not the engine
+            log.exception("step failed for %d sequences", len(batch.items))
+            return [self._fail(seq, f"generation failed: {exc}") for seq, _ in batch.items]
+        events: list[EngineEvent] = []
+        for seq, frame in results:
+            events.extend(self._on_frame(seq, frame))
+        return events
+
+    def _on_frame(self, seq: Sequence, frame: Tensor) -> list[EngineEvent]:
+        seq.add_frame(frame)
+        self.frames_generated += 1
+        index = len(seq.frames) - 1
+        events = []
+        if index >= 1:  # the first frame of a segment is not audio (spec §6.2)
+            events.append(EngineEvent(seq.request_id, codes=frame[1:], segment=seq.segment))
+        stop = index >= 1 and int(frame[0]) == self.tokenizer.im_end_id and not seq.ignore_eos
+        if stop or len(seq.frames) >= seq.budget:
+            events.append(self._end_segment(seq))
+        return [e for e in events if e is not None]
+
+    def _end_segment(self, seq: Sequence) -> EngineEvent | None:
+        seq.plan.record(torch.stack(seq.frames, dim=1))
+        if seq.segment + 1 >= len(seq.plan.segments):
+            self.sequences.pop(seq.request_id, None)
+            self.scheduler.remove(seq)
+            return EngineEvent(
+                seq.request_id, segment=seq.segment, finished=True, finish_reason="stop"
+            )
+        seq.segment += 1
+        try:
+            self._start_segment(seq, seq.plan.next_prompt(seq.segment))
+        except (PromptTooLongError, KVPoolTooSmallError) as exc:
+            return self._fail(seq, str(exc))
+        self.scheduler.requeue(seq)
+        return None
+
+    def _fail(self, seq: Sequence, message: str) -> EngineEvent:
+        self.sequences.pop(seq.request_id, None)
+        self.scheduler.remove(seq)
+        return EngineEvent(seq.request_id, finished=True, finish_reason="error", error=message)

@@ -1,0 +1,163 @@
+"""Memory budget: how many KV blocks fit next to the weights, activations and decoder.
+
+    kv_pool = budget - weights - activation_peak - decoder_workspace - reserved
+    num_blocks = kv_pool // bytes_per_block
+
+(the same accounting as vLLM's `--gpu-memory-utilization`: the budget bounds everything the
+process allocates on the device, so admission by free blocks can never run it out of memory).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+import torch
+
+from fishserve.models.config import DualARConfig
+
+log = logging.getLogger(__name__)
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+MiB = 2**20
+
+
+class InsufficientMemoryError(ValueError):
+    """The budget cannot hold the weights, activations, decoder and one KV block."""
+
+
+def parse_memory_size(text: str | int | float) -> int | float:
+    """Parse `4GiB`, `512MiB`, `6GB`, `123456` (bytes) or a fraction like `0.9`.
+
+    Returns:
+        int bytes, or a float fraction in (0, 1] of the device's memory.
+
+    Raises:
+        ValueError: not a size, or a fraction outside (0, 1].
+    """
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+        if match is None or match.group(2).lower() not in _UNITS:
+            raise ValueError(f"not a memory size: {text!r} (use e.g. 4GiB, 512MiB or 0.9)")
+        value, unit = float(match.group(1)), match.group(2).lower()
+    if unit == "" and value <= 1.0:
+        if value <= 0:
+            raise ValueError(f"memory fraction must be in (0, 1], got {text!r}")
+        return value
+    return int(value * _UNITS[unit])
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The budget's breakdown, in bytes."""
+
+    budget: int
+    weights: int
+    activations: int
+    decoder_workspace: int
+    reserved: int
+    kv_bytes_per_token: int
+    block_size: int
+    num_blocks: int
+
+    @property
+    def kv_pool(self) -> int:
+        """Bytes of the KV pool actually allocated (whole blocks)."""
+        return self.num_blocks * self.block_size * self.kv_bytes_per_token
+
+    def sequences_of(self, positions: int = 1000) -> int:
+        """How many sequences of `positions` positions fit in the pool at once."""
+        per_seq = -(-positions // self.block_size)
+        return self.num_blocks // per_seq
+
+    def summary(self) -> str:
+        """One log line with every term of the breakdown."""
+
+        def mib(x: int) -> str:
+            return f"{x / MiB:.1f} MiB"
+
+        return (
+            f"memory budget {mib(self.budget)}: weights {mib(self.weights)}, activations "
+            f"{mib(self.activations)}, decoder {mib(self.decoder_workspace)}, reserved "
+            f"{mib(self.reserved)}, KV pool {mib(self.kv_pool)} = {self.num_blocks} blocks x "
+            f"{self.block_size} positions at {self.kv_bytes_per_token} B/position; "
+            f"{self.sequences_of(1000)} sequences of 1,000 positions fit"
+        )
+
+
+def plan_memory(
+    budget: int,
+    weights: int,
+    activations: int,
+    decoder_workspace: int,
+    kv_bytes_per_token: int,
+    block_size: int,
+    reserved: int = 0,
+) -> MemoryPlan:
+    """Size the KV pool from what the budget leaves.
+
+    Raises:
+        InsufficientMemoryError: not even one block fits.
+    """
+    left = budget - weights - activations - decoder_workspace - reserved
+    num_blocks = max(left, 0) // (kv_bytes_per_token * block_size)
+    if num_blocks < 1:
+        raise InsufficientMemoryError(
+            f"memory budget {budget / MiB:.0f} MiB is too small: weights {weights / MiB:.0f} "
+            f"MiB + activations {activations / MiB:.0f} MiB + decoder "
+            f"{decoder_workspace / MiB:.0f} MiB + reserved {reserved / MiB:.0f} MiB leave no "
+            "room for the KV cache"
+        )
+    return MemoryPlan(
+        budget,
+        weights,
+        activations,
+        decoder_workspace,
+        reserved,
+        kv_bytes_per_token,
+        block_size,
+        int(num_blocks),
+    )
+
+
+def module_bytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's parameters and buffers."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def estimate_activation_bytes(
+    config: DualARConfig,
+    max_tokens: int,
+    max_seqs: int,
+    dtype: torch.dtype,
+    max_context: int | None = None,
+) -> int:
+    """Analytic upper estimate of one step's activation peak (used where it can't be measured).
+
+    Terms: the widest slow-layer intermediates over `max_tokens` positions (qkv, SwiGLU's
+    two hidden projections, residual copies), the attention scores and gathered K/V of the
+    torch paged-attention path (one sequence of `max_tokens` queries over `max_context`
+    keys), and fp32 sampling over the vocabulary for `max_seqs` rows (logits, sort, cumsum,
+    noise: ~6 copies).
+    """
+    elem = torch.empty((), dtype=dtype).element_size()
+    ctx = max_context or config.max_seq_len
+    layer = max_tokens * (4 * config.dim + 3 * config.intermediate_size) * elem
+    attention = config.n_head * max_tokens * ctx * 4 + 2 * ctx * config.dim * elem
+    sampling = 6 * max_seqs * config.vocab_size * 4
+    return int(layer + attention + sampling)

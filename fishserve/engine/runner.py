@@ -1,0 +1,131 @@
+"""Turns a scheduled batch into tensors, runs both transformers, and samples frames.
+
+One step: the new positions of every scheduled sequence are flattened into a single row,
+the slow transformer runs once over them with paged attention, the last position of each
+sequence that completes its pending positions gives logits and a hidden state, and
+`sample_frame` runs the fast transformer for all of those sequences together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from fishserve.engine.frame import BatchSampling, sample_frame
+from fishserve.engine.kv_cache import PagedKVCache
+from fishserve.engine.paged_attention import AttentionMetadata, TorchPagedAttention
+from fishserve.engine.scheduler import ScheduledBatch
+from fishserve.engine.sequence import Sequence
+from fishserve.models.dual_ar import DualARTransformer
+
+
+@dataclass
+class StepInputs:
+    """Host-built tensors of one step (see `build_inputs`).
+
+    Attributes:
+        columns: int64 (1, 1 + nc, N) input columns of all new positions.
+        positions: int64 (N,) absolute positions.
+        meta: paged-attention layout.
+        sample_rows: int64 (S,) index into N of the last position of each sampling sequence.
+        samplers: the S sequences that sample a frame this step, in order.
+    """
+
+    columns: Tensor
+    positions: Tensor
+    meta: AttentionMetadata
+    sample_rows: Tensor
+    samplers: list[Sequence]
+
+
+def build_inputs(batch: ScheduledBatch, block_size: int, device: torch.device) -> StepInputs:
+    """Flatten the scheduled positions and build slot mapping and block tables."""
+    columns, positions, slots, starts, contexts, tables = [], [], [], [0], [], []
+    sample_rows, samplers = [], []
+    for seq, n in batch.items:
+        start = seq.num_computed
+        pos = torch.arange(start, start + n)
+        table = torch.tensor(seq.block_table, dtype=torch.int64)
+        columns.append(seq.columns(start, start + n))
+        positions.append(pos)
+        slots.append(table[pos // block_size] * block_size + pos % block_size)
+        starts.append(starts[-1] + n)
+        contexts.append(start + n)
+        tables.append(table)
+        if start + n == seq.num_positions:
+            sample_rows.append(starts[-1] - 1)
+            samplers.append(seq)
+    width = max(len(t) for t in tables)
+    padded = torch.zeros(len(tables), width, dtype=torch.int64)
+    for i, t in enumerate(tables):
+        padded[i, : len(t)] = t
+    meta = AttentionMetadata(
+        slot_mapping=torch.cat(slots).to(device),
+        query_start=torch.tensor(starts, device=device),
+        context_lens=torch.tensor(contexts, device=device),
+        block_tables=padded.to(device),
+        block_size=block_size,
+    )
+    return StepInputs(
+        columns=torch.cat(columns, dim=1)[None].to(device),
+        positions=torch.cat(positions).to(device),
+        meta=meta,
+        sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=device),
+        samplers=samplers,
+    )
+
+
+def batch_sampling(seqs: list[Sequence], device: torch.device) -> tuple[BatchSampling, Tensor]:
+    """Per-row sampling tensors and repetition windows (S, 1 + nc, 16) for `seqs`.
+
+    A sequence sampling its first frame of a segment (the prefill frame) uses no penalty
+    (spec §5): its penalty is set to 1.0, which leaves logits unchanged.
+    """
+
+    def col(values: list, dtype: torch.dtype) -> Tensor:
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    first = [len(s.frames) == 0 for s in seqs]
+    sampling = BatchSampling(
+        temperature=col([s.params.temperature for s in seqs], torch.float32),
+        top_p=col([s.params.top_p for s in seqs], torch.float32),
+        penalty=col(
+            [1.0 if f else s.params.repetition_penalty for s, f in zip(seqs, first, strict=True)],
+            torch.float32,
+        ),
+        seeds=col([s.seed for s in seqs], torch.int64),
+        segments=col([s.segment for s in seqs], torch.int64),
+        frames=col([len(s.frames) for s in seqs], torch.int64),
+    )
+    windows = torch.stack([s.window for s in seqs]).to(device)
+    return sampling, windows
+
+
+class ModelRunner:
+    """Runs scheduled batches on the DualAR model with a paged KV cache."""
+
+    def __init__(self, model: DualARTransformer, cache: PagedKVCache) -> None:
+        self.model = model
+        self.cache = cache
+        self.device = model.embeddings.weight.device
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, Tensor]]:
+        """Compute the batch; return (sequence, frame int64 (1 + nc,) on CPU) for samplers.
+
+        Advances `num_computed` of every scheduled sequence.
+        """
+        inputs = build_inputs(batch, self.cache.layout.block_size, self.device)
+        attn = TorchPagedAttention(self.cache, inputs.meta)
+        model = self.model
+        hidden = model.forward_slow(model.embed(inputs.columns), inputs.positions, attn)
+        for seq, n in batch.items:
+            seq.num_computed += n
+        if not inputs.samplers:
+            return []
+        last = hidden[0, inputs.sample_rows]  # (S, D)
+        sampling, windows = batch_sampling(inputs.samplers, self.device)
+        frames = sample_frame(model, last, model.slow_logits(last), sampling, windows)
+        return list(zip(inputs.samplers, frames.cpu(), strict=True))

@@ -1,0 +1,147 @@
+"""Who runs this step: admission, chunked prefill, decode, preemption (continuous batching).
+
+Every step, running sequences are given their next positions first (one position for a
+sequence in decode; a chunk of the prompt for one still in prefill), then waiting sequences
+are admitted first-come-first-served while the caps allow:
+
+* `max_num_seqs` running sequences;
+* `max_num_batched_tokens` positions per step (long prompts are prefilled in chunks);
+* free KV blocks: a waiting sequence is admitted only if the blocks for its whole prompt are
+  free, so an admitted prefill never stalls for lack of blocks.
+
+When a running sequence needs a new block and none is free, the newest running sequence is
+preempted: its blocks are freed and it goes back to the head of the waiting queue, to be
+recomputed (prompt + frames so far) when blocks free up. Nothing fails for lack of blocks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from fishserve.engine.block_manager import BlockManager
+from fishserve.engine.sequence import Sequence, Status
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Caps of the scheduler.
+
+    Attributes:
+        max_num_seqs: running sequences at most.
+        max_num_batched_tokens: positions computed per step at most (>= max_num_seqs).
+    """
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work: (sequence, number of positions) in batch order.
+
+    A sequence samples a frame this step when its chunk reaches its last pending position.
+    """
+
+    items: list[tuple[Sequence, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        """Positions computed this step."""
+        return sum(n for _, n in self.items)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
+class Scheduler:
+    """Waiting and running queues over a `BlockManager`."""
+
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence (FCFS)."""
+        seq.status = Status.WAITING
+        self.waiting.append(seq)
+
+    def requeue(self, seq: Sequence) -> None:
+        """Put a sequence that is between segments back at the head of the waiting queue."""
+        self.release(seq)
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+
+    def release(self, seq: Sequence) -> None:
+        """Free a sequence's blocks and drop it from the running list (finish, fail, cancel)."""
+        self.blocks.release(seq.block_table)
+        seq.num_computed = 0
+        if seq in self.running:
+            self.running.remove(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a sequence out of the engine wherever it is, freeing its blocks."""
+        self.release(seq)
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = Status.FINISHED
+
+    def schedule(self) -> ScheduledBatch:
+        """Decide this step's batch (see the module docstring)."""
+        batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        for seq in list(self.running):
+            if seq.status is not Status.RUNNING or budget == 0:
+                continue
+            n = min(seq.num_pending, budget)
+            if not self._make_room(seq, seq.num_computed + n, batch):
+                continue
+            batch.items.append((seq, n))
+            budget -= n
+        self._admit(batch, budget)
+        return batch
+
+    def _make_room(self, seq: Sequence, positions: int, batch: ScheduledBatch) -> bool:
+        """Grow `seq` to `positions`, preempting the newest running sequences if needed.
+
+        Returns False when `seq` itself had to be preempted.
+        """
+        while not self.blocks.can_grow(seq.block_table, positions):
+            victim = self.running[-1]
+            self._preempt(victim, batch)
+            if victim is seq:
+                return False
+        self.blocks.grow(seq.block_table, positions)
+        return True
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        batch.items = [(s, n) for s, n in batch.items if s is not seq]
+        self.requeue(seq)
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        batch.preempted.append(seq)
+
+    def _admit(self, batch: ScheduledBatch, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if seq in batch.preempted:
+                break  # do not re-admit what was just preempted in the same step
+            if not self.blocks.can_grow(seq.block_table, seq.num_positions + 1):
+                break  # FCFS: later requests do not overtake the head of the queue
+            self.waiting.popleft()
+            self.blocks.grow(seq.block_table, seq.num_positions)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            n = min(seq.num_pending, budget)
+            batch.items.append((seq, n))
+            budget -= n

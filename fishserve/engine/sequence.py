@@ -1,0 +1,104 @@
+"""A request's generation state inside the engine.
+
+One `Sequence` follows a request through all of its text segments. For the segment being
+generated it holds the prompt columns, the frames generated so far, how many positions are
+already in the KV cache, its block table, and the repetition-penalty window.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from fishserve.engine.long_text import LongTextPlan
+from fishserve.engine.sampling import REPETITION_WINDOW, SamplingParams
+
+
+class Status(enum.Enum):
+    """Where a sequence is: waiting for admission, running, or done."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    """Engine-side state of one request.
+
+    Attributes:
+        request_id: caller's id.
+        plan: the request's segments and prompt history (`LongTextPlan`).
+        params: sampling settings; `seed` the resolved 32-bit noise seed.
+        max_new_tokens: frame budget per segment (0 = until the context ends).
+        ignore_eos: keep generating past `<|im_end|>` until the budget (benchmarks).
+        segment: index of the segment being generated.
+        prompt: int64 (1 + nc, P) prompt of the current segment (CPU).
+        frames: frames generated in the current segment, each int64 (1 + nc,).
+        budget: frames this segment may generate (prompt + budget <= context).
+        num_computed: positions of prompt + frames whose K/V are in the cache.
+        block_table: KV blocks owned, in position order.
+        window: int64 (1 + nc, 16) ring of the last 16 decode-loop frames (zeros at first).
+    """
+
+    request_id: str
+    plan: LongTextPlan
+    params: SamplingParams
+    seed: int
+    max_new_tokens: int
+    ignore_eos: bool = False
+    arrival_time: float = field(default_factory=time.monotonic)
+    segment: int = 0
+    prompt: Tensor = field(default_factory=lambda: torch.empty(0))
+    frames: list[Tensor] = field(default_factory=list)
+    budget: int = 0
+    num_computed: int = 0
+    block_table: list[int] = field(default_factory=list)
+    window: Tensor = field(default_factory=lambda: torch.empty(0))
+    status: Status = Status.WAITING
+    num_preemptions: int = 0
+    first_scheduled_time: float | None = None
+
+    def start_segment(self, prompt: Tensor, budget: int) -> None:
+        """Reset the per-segment state for a new prompt (1 + nc, P)."""
+        self.prompt = prompt
+        self.budget = budget
+        self.frames = []
+        self.num_computed = 0
+        self.window = torch.zeros(prompt.shape[0], REPETITION_WINDOW, dtype=torch.int64)
+
+    @property
+    def num_positions(self) -> int:
+        """Prompt positions plus generated frames of the current segment."""
+        return self.prompt.shape[1] + len(self.frames)
+
+    @property
+    def num_pending(self) -> int:
+        """Positions not yet in the KV cache (1 for a decode step)."""
+        return self.num_positions - self.num_computed
+
+    def columns(self, start: int, end: int) -> Tensor:
+        """Input columns (1 + nc, end - start) of positions [start, end)."""
+        p = self.prompt.shape[1]
+        parts = []
+        if start < p:
+            parts.append(self.prompt[:, start : min(end, p)])
+        if end > p:
+            parts.append(torch.stack(self.frames[max(start - p, 0) : end - p], dim=1))
+        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+
+    def add_frame(self, frame: Tensor) -> None:
+        """Record a sampled frame (1 + nc,); decode-loop frames enter the penalty window.
+
+        The window is a ring: decode iteration j writes column j % 16, so before iteration i
+        it holds frames [0, i) padded with zeros while i < 16, else [i - 16, i) (spec §5; the
+        penalty does not depend on the order of the window).
+        """
+        decode_index = len(self.frames) - 1  # the first (prefill) frame is index -1
+        if decode_index >= 0:
+            self.window[:, decode_index % REPETITION_WINDOW] = frame
+        self.frames.append(frame)

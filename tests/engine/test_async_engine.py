@@ -1,0 +1,103 @@
+"""The threaded engine API: submit, stream, cancel, back-pressure."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+from conftest import make_engine, run_engine
+from test_engine import sampled_requests
+
+from fishserve.engine.async_engine import AsyncEngine, EngineBusyError, EngineDeadError
+from fishserve.engine.engine import GenerationRequest
+
+
+@pytest.fixture
+def async_engine(tiny_model, tiny_tokenizer):
+    engine = AsyncEngine(make_engine(tiny_model, tiny_tokenizer), max_waiting=64)
+    engine.start()
+    yield engine
+    engine.shutdown()
+
+
+def collect(stream) -> tuple[torch.Tensor, str]:
+    codes, reason = [], None
+    for event in stream:
+        if event.codes is not None:
+            codes.append(event.codes)
+        if event.finished:
+            reason = event.finish_reason
+    return torch.stack(codes, 1), reason
+
+
+def test_threads_get_the_same_codes_as_the_sync_engine(async_engine, tiny_model, tiny_tokenizer):
+    expected = run_engine(make_engine(tiny_model, tiny_tokenizer), sampled_requests())
+    results = {}
+
+    def client(request: GenerationRequest) -> None:
+        results[request.request_id] = collect(async_engine.submit(request))
+
+    threads = [threading.Thread(target=client, args=(r,)) for r in sampled_requests()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for rid, (codes, _) in expected.items():
+        assert results[rid][1] == "stop"
+        assert torch.equal(results[rid][0], codes)
+
+
+def test_asyncio_stream_and_cancel(async_engine):
+    async def main() -> tuple[int, str]:
+        loop = asyncio.get_running_loop()
+        request = GenerationRequest(
+            "Cancel me soon please.", max_new_tokens=200, ignore_eos=True, request_id="c"
+        )
+        stream = async_engine.submit(request, loop)
+        frames = 0
+        async for event in stream:
+            if event.codes is not None:
+                frames += 1
+                if frames == 3:
+                    async_engine.cancel("c")
+            if event.finished:
+                return frames, event.finish_reason
+        raise AssertionError("stream ended without a final event")
+
+    frames, reason = asyncio.run(main())
+    assert reason == "cancelled" and frames < 200
+    for _ in range(100):  # the engine thread frees blocks before its next step
+        stats = async_engine.stats()
+        if stats.running == 0 and stats.blocks_free == stats.blocks_total:
+            break
+        threading.Event().wait(0.02)
+    assert stats.blocks_free == stats.blocks_total
+
+
+def test_full_queue_says_busy(tiny_model, tiny_tokenizer):
+    engine = AsyncEngine(make_engine(tiny_model, tiny_tokenizer, max_num_seqs=1), max_waiting=2)
+    engine.start()
+    try:
+        long = dict(max_new_tokens=500, ignore_eos=True)
+        streams = [
+            engine.submit(GenerationRequest("Busy one.", request_id=f"b{i}", **long))
+            for i in range(2)
+        ]
+        with pytest.raises(EngineBusyError):
+            for i in range(2, 6):
+                streams.append(
+                    engine.submit(GenerationRequest("More.", request_id=f"b{i}", **long))
+                )
+        for s in streams:
+            engine.cancel(s.request_id)
+    finally:
+        engine.shutdown()
+    with pytest.raises(EngineDeadError):
+        engine.submit(GenerationRequest("After shutdown."))
+
+
+def test_invalid_request_raises_in_the_caller(async_engine):
+    with pytest.raises(ValueError, match="empty"):
+        async_engine.submit(GenerationRequest("  "))
