@@ -42,34 +42,13 @@ def test_synth_reproduces_fixture_codes_and_wav_length(tmp_path, long_case, loop
     ref = tmp_path / "ref.npy"
     np.save(ref, case["ref_codes"].numpy())
     out, codes_out = tmp_path / "out.wav", tmp_path / "codes.npy"
+    sampling = "--chunk-length 60 --max-new-tokens 10 --top-p 0.9 --repetition-penalty 1.2"
     result = invoke(
-        "synth",
-        "--checkpoint",
-        str(TINY_T2S),
-        *DECODER,
-        "--text",
-        cfg["text"],
-        "--chunk-length",
-        "60",
-        "--max-new-tokens",
-        "10",
-        "--top-p",
-        "0.9",
-        "--repetition-penalty",
-        "1.2",
-        "--temperature",
-        "1e-5",
-        "--reference-codes",
-        str(ref),
-        "--reference-text",
-        "Hello there, this is a reference.",
-        "--output",
-        str(out),
-        "--codes-output",
-        str(codes_out),
-        "--device",
-        "cpu",
-    )
+        "synth", "--checkpoint", str(TINY_T2S), *DECODER, "--text", cfg["text"],
+        *sampling.split(), "--temperature", "1e-5", "--reference-codes", str(ref),
+        "--reference-text", "Hello there, this is a reference.", "--output", str(out),
+        "--codes-output", str(codes_out), "--device", "cpu", *loop,
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
     expected = torch.cat([case["segment_0_codes"], case["segment_1_codes"]], dim=1).numpy()
     codes = np.load(codes_out)

@@ -15,7 +15,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-__all__ = ["AudioDecodeError", "load_audio", "write_wav"]
+__all__ = ["AudioDecodeError", "AudioTooLongError", "EmptyAudioError", "load_audio", "write_wav"]
 
 _NPY_MAGIC = b"\x93NUMPY"
 
@@ -24,34 +24,52 @@ class AudioDecodeError(ValueError):
     """The input is not decodable audio, or decodes to no samples."""
 
 
-def load_audio(source: str | Path | bytes, target_sr: int = 44100) -> np.ndarray:
+class EmptyAudioError(AudioDecodeError):
+    """The input is empty (0 bytes) or decodes to no samples."""
+
+
+class AudioTooLongError(AudioDecodeError):
+    """The input is longer than the ``max_seconds`` the caller allows."""
+
+
+def load_audio(
+    source: str | Path | bytes, target_sr: int = 44100, *, max_seconds: float | None = None
+) -> np.ndarray:
     """Decode audio to a mono float32 waveform at ``target_sr``.
 
     Args:
         source: a file path, or the file's bytes. ``.npy`` content (detected by its magic
             bytes) must be a 1-D float array already at ``target_sr``; it is not resampled.
         target_sr: output sample rate in Hz.
+        max_seconds: if given, reject audio longer than this many seconds (measured at the
+            file's own rate). Decoding stops as soon as the limit is passed, so a small file that
+            decodes to hours of audio costs no more than ``max_seconds`` of samples.
 
     Returns:
         ``(N,)`` float32 array, channels averaged, nominally in [-1, 1].
 
     Raises:
         FileNotFoundError: ``source`` is a path that does not exist.
-        AudioDecodeError: undecodable data, no audio stream, no samples or non-finite samples.
-        ValueError: ``target_sr`` is not positive.
+        EmptyAudioError: empty input or no samples (an :class:`AudioDecodeError`).
+        AudioTooLongError: longer than ``max_seconds`` (an :class:`AudioDecodeError`).
+        AudioDecodeError: undecodable data, no audio stream or non-finite samples.
+        ValueError: ``target_sr`` or ``max_seconds`` is not positive.
     """
     if target_sr <= 0:
         raise ValueError(f"target_sr must be positive, got {target_sr}")
+    if max_seconds is not None and not max_seconds > 0:
+        raise ValueError(f"max_seconds must be positive, got {max_seconds}")
     data, label = _read_source(source)
     if data.startswith(_NPY_MAGIC):
         audio = _load_npy(data, label)
+        _check_duration(audio.shape[-1], target_sr, max_seconds, label)
     else:
-        channels, sample_rate = _decode_av(data, label)
+        channels, sample_rate = _decode_av(data, label, max_seconds)
         audio = channels.mean(axis=0, dtype=np.float32)
         if sample_rate != target_sr:
             audio = soxr.resample(audio, sample_rate, target_sr, quality="HQ")
     if audio.size == 0:
-        raise AudioDecodeError(f"{label}: contains no audio samples")
+        raise EmptyAudioError(f"{label}: contains no audio samples")
     if not np.isfinite(audio).all():
         raise AudioDecodeError(f"{label}: contains NaN or infinite samples")
     return np.ascontiguousarray(audio, dtype=np.float32)
@@ -101,10 +119,24 @@ def _load_npy(data: bytes, label: str) -> np.ndarray:
     return array.astype(np.float32)
 
 
-def _decode_av(data: bytes, label: str) -> tuple[np.ndarray, int]:
-    """Decode the first audio stream to ``(channels, samples)`` float32 and its rate in Hz."""
+def _check_duration(
+    n_samples: int, sample_rate: int, max_seconds: float | None, label: str
+) -> None:
+    """Raise :class:`AudioTooLongError` if ``n_samples`` at ``sample_rate`` Hz exceed the limit."""
+    if max_seconds is not None and n_samples > max_seconds * sample_rate:
+        raise AudioTooLongError(
+            f"{label}: audio is longer than the allowed {max_seconds:g} s "
+            f"(more than {n_samples / sample_rate:.2f} s decoded)"
+        )
+
+
+def _decode_av(data: bytes, label: str, max_seconds: float | None = None) -> tuple[np.ndarray, int]:
+    """Decode the first audio stream to ``(channels, samples)`` float32 and its rate in Hz.
+
+    Stops with :class:`AudioTooLongError` once more than ``max_seconds`` have been decoded.
+    """
     if not data:
-        raise AudioDecodeError(f"{label}: empty input")
+        raise EmptyAudioError(f"{label}: empty input")
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
             if not container.streams.audio:
@@ -112,9 +144,11 @@ def _decode_av(data: bytes, label: str) -> tuple[np.ndarray, int]:
             stream = container.streams.audio[0]
             resampler = av.AudioResampler(format="fltp")  # keep layout and rate
             chunks: list[np.ndarray] = []
-            rate = 0
+            rate = decoded = 0
             for frame in container.decode(stream):
                 rate = rate or frame.sample_rate
+                decoded += frame.samples
+                _check_duration(decoded, rate, max_seconds, label)
                 chunks.extend(f.to_ndarray() for f in resampler.resample(frame))
             chunks.extend(f.to_ndarray() for f in resampler.resample(None))
     except AudioDecodeError:
@@ -122,7 +156,7 @@ def _decode_av(data: bytes, label: str) -> tuple[np.ndarray, int]:
     except (av.error.FFmpegError, ValueError, OSError, RuntimeError) as exc:
         raise AudioDecodeError(f"{label}: cannot decode audio: {exc}") from exc
     if not chunks or rate <= 0:
-        raise AudioDecodeError(f"{label}: contains no audio samples")
+        raise EmptyAudioError(f"{label}: contains no audio samples")
     if len({c.shape[0] for c in chunks}) != 1:
         raise AudioDecodeError(f"{label}: channel count changes inside the stream")
     return np.concatenate(chunks, axis=1).astype(np.float32, copy=False), rate
