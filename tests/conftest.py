@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# Before torch loads MKL: fixed threading keeps CPU results identical run to run (see
+# fishserve/__init__.py); the parity fixtures have near-ties by design.
+os.environ.setdefault("MKL_DYNAMIC", "FALSE")
+
 from pathlib import Path
 
 import pytest
