@@ -181,6 +181,72 @@ def decode(
     run_decode(codes, output, decoder_checkpoint, decoder_config, device, err_console)
 
 
+@app.command()
+@user_errors
+def serve(
+    config: Annotated[Path | None, typer.Option(help="YAML file with server settings.")] = None,
+    checkpoint: Annotated[Path | None, typer.Option(help="Official checkpoint folder.")] = None,
+    decoder_checkpoint: DecoderCkptOpt = None,
+    decoder_config: DecoderCfgOpt = None,
+    load_format: Annotated[str | None, typer.Option(help="auto or dummy.")] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda, cuda:N.")] = None,
+    dtype: Annotated[str | None, typer.Option(help="auto, fp32, bf16, fp16.")] = None,
+    kv_cache_dtype: Annotated[
+        str | None, typer.Option(help="auto, fp32, bf16, fp16, int8, fp8.")
+    ] = None,
+    memory_budget: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu-memory-budget",
+            "--memory-budget",
+            help="e.g. 6GiB, or a fraction of the GPU like 0.9.",
+        ),
+    ] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Running requests at most.")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option()] = None,
+    block_size: Annotated[int | None, typer.Option(help="Positions per KV block.")] = None,
+    num_kv_blocks: Annotated[int | None, typer.Option(help="Fixed KV pool size.")] = None,
+    enforce_eager: Annotated[
+        bool | None, typer.Option(help="No CUDA graphs (accepted; graphs come later).")
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Listen address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port (default 8080).")] = None,
+    api_key: Annotated[
+        str | None, typer.Option(help="Require 'Authorization: Bearer KEY'.")
+    ] = None,
+    references_dir: Annotated[Path | None, typer.Option(help="Stored voices folder.")] = None,
+    max_waiting: Annotated[int | None, typer.Option(help="Queue bound before 429.")] = None,
+    lazy_load: Annotated[bool | None, typer.Option(help="Load models on first request.")] = None,
+    idle_unload_seconds: Annotated[
+        float | None, typer.Option(help="Unload models after this idle time (0 = never).")
+    ] = None,
+) -> None:
+    """Run the HTTP server (Fish /v1/tts, OpenAI /v1/audio/speech, voices, health, metrics).
+
+    Settings come from --config YAML, then FISHSERVE_<KEY> environment variables, then flags.
+    """
+    import uvicorn
+
+    from fishserve.server.app import create_app
+    from fishserve.server.config import ServerConfig
+
+    overrides = {
+        k: v
+        for k, v in locals().items()
+        if k not in ("config", "uvicorn", "create_app", "ServerConfig")
+    }
+    settings = ServerConfig.load(config, overrides)
+    if settings.checkpoint is None or settings.load_format == "dummy":
+        err_console.print(RANDOM_WEIGHTS_NOTE)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+
+
+RANDOM_WEIGHTS_NOTE = (
+    "[bold yellow]WARNING: serving RANDOM weights (no --checkpoint): audio is noise.[/] "
+    "Use --checkpoint checkpoints/fish-speech-1.5 for speech."
+)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

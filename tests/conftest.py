@@ -79,3 +79,67 @@ def run_engine(engine, requests, max_steps: int = 10_000):
         rid: (torch.stack(f, 1) if f else torch.zeros(nc, 0, dtype=torch.long), finals.get(rid))
         for rid, f in frames.items()
     }
+
+
+def tiny_server_config(tmp_path: Path, **overrides):
+    """`ServerConfig` for the tiny fixture models on CPU."""
+    from fishserve.server.config import ServerConfig
+
+    settings = {
+        "checkpoint": TINY_T2S,
+        "decoder_checkpoint": TINY_DECODER / "generator.pth",
+        "decoder_config": TINY_DECODER / "config.json",
+        "device": "cpu",
+        "references_dir": tmp_path / "voices",
+        "num_kv_blocks": 512,
+        "port": 0,
+    }
+    settings.update(overrides)
+    return ServerConfig(**settings)
+
+
+class LiveServer:
+    """A real uvicorn server on 127.0.0.1 in a background thread."""
+
+    def __init__(self, config) -> None:
+        import socket
+        import threading
+
+        import uvicorn
+
+        from fishserve.server.app import create_app
+
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        sock.close()
+        self.app = create_app(config)
+        self.server = uvicorn.Server(
+            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> LiveServer:
+        import time
+
+        import httpx
+
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise RuntimeError("server did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+    @property
+    def state(self):
+        """The app's `ServerState` (for white-box checks)."""
+        return self.app.state.server

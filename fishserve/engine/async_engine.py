@@ -129,9 +129,13 @@ class AsyncEngine:
         return self._stats
 
     def _pending(self) -> int:
-        """Requests submitted and not yet admitted (lock held)."""
-        running = self._stats.running
-        return max(len(self._streams) - running, 0)
+        """Requests that must wait for admission (lock held).
+
+        Requests beyond `max_num_seqs` wait for sure; the last step's waiting count adds those
+        held back for lack of KV blocks.
+        """
+        capacity = self.engine.config.max_num_seqs
+        return max(len(self._streams) - capacity, self._stats.waiting, 0)
 
     # -- engine thread -------------------------------------------------------------------------
     def _loop(self) -> None:

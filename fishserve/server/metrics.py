@@ -1,0 +1,93 @@
+"""Prometheus metrics, defined once, named after vLLM's (`fishserve:` prefix, units in names)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from fishserve.engine.engine import EngineStats
+
+_LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+_RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
+
+
+class Metrics:
+    """All server metrics on a private registry (several servers may live in one process)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.running = Gauge(
+            "fishserve:num_requests_running", "Requests in the running batch.", registry=r
+        )
+        self.waiting = Gauge(
+            "fishserve:num_requests_waiting", "Requests waiting for admission.", registry=r
+        )
+        self.kv_usage = Gauge(
+            "fishserve:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).", registry=r
+        )
+        self.ttfa = Histogram(
+            "fishserve:time_to_first_audio_seconds",
+            "From request arrival to the first audio bytes.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "fishserve:e2e_request_latency_seconds",
+            "From request arrival to the last audio bytes.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "fishserve:request_queue_time_seconds",
+            "From arrival to the first generated frame.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.rtf = Histogram(
+            "fishserve:real_time_factor",
+            "Generation wall time / audio duration, per request.",
+            buckets=_RTF_BUCKETS,
+            registry=r,
+        )
+        self.frames = Counter(
+            "fishserve:generation_frames_total",
+            "Audio frames generated (21.5 per second of audio).",
+            registry=r,
+        )
+        self.audio_seconds = Counter(
+            "fishserve:audio_seconds_total", "Seconds of audio produced.", registry=r
+        )
+        self.preemptions = Counter(
+            "fishserve:num_preemptions_total",
+            "Sequences preempted for lack of KV blocks.",
+            registry=r,
+        )
+        self._seen = {"preemptions": 0, "frames": 0}
+        self.success = Counter(
+            "fishserve:request_success_total",
+            "Finished requests by finish reason.",
+            ["finished_reason"],
+            registry=r,
+        )
+        self.failure = Counter(
+            "fishserve:request_failure_total",
+            "Refused or failed requests by reason.",
+            ["reason"],
+            registry=r,
+        )
+
+    def update_engine(self, stats: EngineStats) -> None:
+        """Copy engine counters into the gauges (called before each scrape)."""
+        self.running.set(stats.running)
+        self.waiting.set(stats.waiting)
+        used = stats.blocks_total - stats.blocks_free
+        self.kv_usage.set(used / stats.blocks_total if stats.blocks_total else 0.0)
+        for name, counter, value in (
+            ("preemptions", self.preemptions, stats.preemptions),
+            ("frames", self.frames, stats.frames_generated),
+        ):
+            counter.inc(max(value - self._seen[name], 0))
+            self._seen[name] = value
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

@@ -1,0 +1,128 @@
+"""Stored voices (Fish Speech's reference routes), health and Prometheus metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import PurePath
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi.responses import JSONResponse, Response
+
+from fishserve.server.errors import ApiError
+from fishserve.server.routes_tts import parse_body
+from fishserve.server.schemas import ReferenceIdBody
+from fishserve.server.state import ServerState
+from fishserve.server.voices import validate_voice_id
+
+router = APIRouter()
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+@router.post("/v1/references/add")
+async def add_reference(
+    request: Request,
+    id: Annotated[str, Form()],
+    audio: Annotated[UploadFile, File()],
+    text: Annotated[str, Form()] = "",
+) -> JSONResponse:
+    """Store a voice: multipart `id`, `audio` (any common container), `text` (transcript).
+
+    The audio is encoded first, so undecodable, silent or too-long audio is refused (400)
+    and never stored.
+    """
+    state = _state(request)
+    validate_voice_id(id)
+    data = await audio.read()
+    if not data:
+        raise ApiError(400, "audio file is empty", "audio")
+    async with state.request() as runtime:
+        await asyncio.to_thread(runtime.references.encode, data)
+    suffix = PurePath(audio.filename or "reference.wav").suffix
+    await asyncio.to_thread(state.voices.add, id, data, text, suffix)
+    return JSONResponse({"success": True, "message": "reference added", "reference_id": id})
+
+
+@router.get("/v1/references/list")
+async def list_references(request: Request) -> JSONResponse:
+    """Ids of the stored voices."""
+    ids = await asyncio.to_thread(_state(request).voices.list)
+    return JSONResponse({"success": True, "reference_ids": ids, "message": "ok"})
+
+
+@router.delete("/v1/references/delete")
+async def delete_reference(request: Request) -> JSONResponse:
+    """Remove a stored voice: body `{"reference_id": ...}` (or `id`), or `?reference_id=`."""
+    voice_id = request.query_params.get("reference_id") or request.query_params.get("id")
+    if voice_id is None:
+        voice_id = ReferenceIdBody.model_validate(await parse_body(request)).reference_id
+    await asyncio.to_thread(_state(request).voices.delete, voice_id)
+    return JSONResponse({"success": True, "message": "reference deleted", "reference_id": voice_id})
+
+
+def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
+    """The health JSON and its HTTP status (200 ok/busy/unloaded, 503 unhealthy)."""
+    runtime = state.runtime
+    config = state.config
+    model = {
+        "checkpoint": str(config.checkpoint) if config.checkpoint else None,
+        "load_format": "dummy" if config.checkpoint is None else config.load_format,
+        "dtype": config.dtype,
+        "kv_cache_dtype": config.kv_cache_dtype,
+        "device": config.device,
+    }
+    if runtime is None:
+        return {
+            "status": "ok" if config.lazy_load or config.idle_unload_seconds else "unhealthy",
+            "loaded": False,
+            "model": model,
+            "requests": None,
+            "kv_cache": None,
+            "gpu_memory": None,
+        }, 200
+    stats = runtime.engine.stats()
+    layout = runtime.engine.engine.cache.layout
+    status = "ok"
+    if stats.waiting >= config.max_waiting or runtime.memory_critical():
+        status = "busy"
+    if not runtime.engine.alive:
+        status = "unhealthy"
+    model.update(
+        dtype=str(runtime.weight_dtype).removeprefix("torch."),
+        device=str(runtime.device),
+        kv_cache_dtype=layout.dtype,
+    )
+    report = {
+        "status": status,
+        "loaded": True,
+        "model": model,
+        "requests": {"running": stats.running, "waiting": stats.waiting},
+        "kv_cache": {
+            "dtype": layout.dtype,
+            "block_size": layout.block_size,
+            "blocks_total": stats.blocks_total,
+            "blocks_free": stats.blocks_free,
+        },
+        "gpu_memory": runtime.gpu_memory(),
+    }
+    return report, 503 if status == "unhealthy" else 200
+
+
+@router.api_route("/v1/health", methods=["GET", "POST"])
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    """Status, queue sizes, KV cache occupancy, GPU memory, model config."""
+    report, status = health_report(_state(request))
+    return JSONResponse(report, status_code=status)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition."""
+    state = _state(request)
+    if state.runtime is not None:
+        state.metrics.update_engine(state.runtime.engine.stats())
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")

@@ -1,0 +1,116 @@
+"""The loaded models and worker threads behind the HTTP routes, and how to build them."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from fishserve.audio.references import ReferenceEncoder
+from fishserve.audio.streaming import ChunkPolicy
+from fishserve.engine.async_engine import AsyncEngine
+from fishserve.engine.engine import EngineConfig, LLMEngine
+from fishserve.engine.memory import parse_memory_size
+from fishserve.models.firefly import FireflyGenerator
+from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
+from fishserve.server.config import ServerConfig
+from fishserve.server.decode_worker import DecodeWorker
+from fishserve.synthesis import load_decoder
+
+log = logging.getLogger(__name__)
+# Free device memory below this fraction of the total makes the server refuse new work (503).
+CRITICAL_FREE_FRACTION = 0.02
+
+
+@dataclass
+class Runtime:
+    """Everything a request needs: engine thread, decoder thread, reference encoder."""
+
+    engine: AsyncEngine
+    decoder: FireflyGenerator
+    decode_worker: DecodeWorker
+    references: ReferenceEncoder
+    chunk_policy: ChunkPolicy
+    device: torch.device
+    weight_dtype: torch.dtype
+
+    @property
+    def sample_rate(self) -> int:
+        """Output sample rate in Hz (44100 for the release)."""
+        return self.decoder.config.sample_rate
+
+    @property
+    def frame_rate(self) -> float:
+        """Code frames per second of audio (21.53 for the release)."""
+        return self.sample_rate / self.decoder.config.frame_samples
+
+    def shutdown(self) -> None:
+        """Stop both threads."""
+        self.engine.shutdown()
+        self.decode_worker.shutdown()
+
+    def memory_critical(self) -> bool:
+        """True when the device is nearly out of memory (never on CPU)."""
+        if self.device.type != "cuda":
+            return False
+        free, total = torch.cuda.mem_get_info(self.device)
+        return free < CRITICAL_FREE_FRACTION * total
+
+    def gpu_memory(self) -> dict[str, int] | None:
+        """Used/total/budget bytes of the device, or None on CPU."""
+        if self.device.type != "cuda":
+            return None
+        free, total = torch.cuda.mem_get_info(self.device)
+        return {
+            "used_bytes": total - free,
+            "total_bytes": total,
+            "budget_bytes": self.engine.engine.memory.budget,
+        }
+
+
+def build_runtime(config: ServerConfig) -> Runtime:
+    """Load the models and start the engine and decoder threads.
+
+    Raises:
+        FileNotFoundError, ValueError: bad model paths or settings.
+    """
+    device = resolve_device(config.device)
+    dummy = config.load_format == "dummy" or config.checkpoint is None
+    if dummy:
+        log.warning("no checkpoint (or --load-format dummy): RANDOM weights, output is noise")
+    weight_dtype = resolve_dtype(config.dtype, device)
+    model, tokenizer = load_text2semantic(
+        config.checkpoint,
+        device=device,
+        dtype=weight_dtype,
+        load_format="dummy" if dummy else "auto",
+    )
+    decoder = load_decoder(
+        config.decoder_checkpoint, config.decoder_config, config.checkpoint, device, dummy
+    )
+    budget = parse_memory_size(config.memory_budget) if config.memory_budget else None
+    engine = LLMEngine(
+        model,
+        tokenizer,
+        EngineConfig(
+            kv_cache_dtype=config.kv_cache_dtype,
+            block_size=config.block_size,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            memory_budget=budget,
+            num_kv_blocks=config.num_kv_blocks,
+        ),
+    )
+    runtime = Runtime(
+        engine=AsyncEngine(engine, max_waiting=config.max_waiting),
+        decoder=decoder,
+        decode_worker=DecodeWorker(decoder, config.max_decode_batch),
+        references=ReferenceEncoder(decoder, max_seconds=config.max_reference_seconds),
+        chunk_policy=ChunkPolicy(config.first_chunk_frames, config.chunk_frames),
+        device=device,
+        weight_dtype=weight_dtype,
+    )
+    runtime.engine.start()
+    runtime.decode_worker.start()
+    return runtime

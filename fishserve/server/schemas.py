@@ -1,0 +1,98 @@
+"""Request and response bodies of the HTTP API (pydantic v2).
+
+`TTSRequest` is Fish Speech 1.5's `ServeTTSRequest` (spec §7.2) with the same field names and
+defaults; ranges are enforced (the reference declares but does not enforce some). fishserve
+extensions are marked as such. `SpeechRequest` is OpenAI's `POST /v1/audio/speech` body.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Spec §7.2 / §5: API ranges of the reference (temperature's lower bound relaxed to 0 = greedy).
+TTS_FORMATS = ("wav", "pcm", "mp3", "opus", "flac")
+
+
+class ReferenceAudio(BaseModel):
+    """One inline voice reference: encoded audio (any common container) and its transcript.
+
+    In JSON, `audio` is a base64 string; in msgpack, raw bytes.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    audio: bytes
+    text: str = Field(default="", max_length=2000)
+
+    @field_validator("audio", mode="before")
+    @classmethod
+    def _decode_base64(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise ValueError(f"audio is not valid base64: {exc}") from exc
+        return value
+
+    @field_validator("audio")
+    @classmethod
+    def _non_empty(cls, value: bytes) -> bytes:
+        if not value:
+            raise ValueError("audio is empty")
+        return value
+
+
+class TTSRequest(BaseModel):
+    """Body of `POST /v1/tts` (Fish Speech 1.5 `ServeTTSRequest`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(min_length=1, description="Text to speak.")
+    chunk_length: Annotated[int, Field(ge=100, le=300)] = 200
+    format: Literal["wav", "pcm", "mp3", "opus", "flac"] = "wav"
+    references: list[ReferenceAudio] = Field(default_factory=list, max_length=8)
+    reference_id: str | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**32)] | None = None
+    use_memory_cache: Literal["on", "off"] = "off"
+    normalize: bool = True
+    streaming: bool = False
+    max_new_tokens: Annotated[int, Field(ge=1, le=8192)] = 1024
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 0.7
+    repetition_penalty: Annotated[float, Field(ge=0.9, le=2.0)] = 1.2
+    temperature: Annotated[float, Field(ge=0.0, le=1.0)] = 0.7
+    # fishserve extension: generate exactly max_new_tokens frames per segment (benchmarks).
+    ignore_eos: bool = False
+
+
+class SpeechRequest(BaseModel):
+    """Body of `POST /v1/audio/speech` (OpenAI). `instructions` is accepted and ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = "fish-speech-1.5"
+    input: str = Field(min_length=1, max_length=4096)
+    voice: str = Field(min_length=1, max_length=128)
+    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
+    speed: Annotated[float, Field(ge=0.25, le=4.0)] = 1.0
+    stream_format: Literal["audio", "sse"] = "audio"
+    instructions: str | None = Field(default=None, max_length=4096)
+
+
+class ReferenceIdBody(BaseModel):
+    """Body of `DELETE /v1/references/delete`: `reference_id` (or `id`)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    reference_id: str = Field(alias="id", min_length=1)
+
+
+class ErrorBody(BaseModel):
+    """Every error response: OpenAI's `error` object plus Fish's `statusCode`/`message`."""
+
+    statusCode: int  # noqa: N815 (Fish Speech's field name)
+    message: str
+    error: dict[str, str | None]

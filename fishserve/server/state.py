@@ -1,0 +1,71 @@
+"""Server state shared by the routes: settings, the (lazily loaded) runtime, voices, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fishserve.server.config import ServerConfig
+from fishserve.server.metrics import Metrics
+from fishserve.server.runtime import Runtime
+from fishserve.server.voices import VoiceStore
+
+log = logging.getLogger(__name__)
+
+
+class ServerState:
+    """Holds the runtime, loading it on first use when `lazy_load` is set and unloading it
+    after `idle_unload_seconds` without requests (0 = never)."""
+
+    def __init__(self, config: ServerConfig, build: Callable[[ServerConfig], Runtime]) -> None:
+        self.config = config
+        self.voices = VoiceStore(config.references_dir)
+        self.metrics = Metrics()
+        self._build = build
+        self._runtime: Runtime | None = None
+        self._lock = asyncio.Lock()
+        self.active_requests = 0
+        self.last_activity = time.monotonic()
+
+    @property
+    def runtime(self) -> Runtime | None:
+        """The loaded runtime, or None while unloaded."""
+        return self._runtime
+
+    async def load(self) -> Runtime:
+        """The runtime, loading it (in a worker thread) if needed."""
+        async with self._lock:
+            if self._runtime is None:
+                log.info("loading models")
+                self._runtime = await asyncio.to_thread(self._build, self.config)
+            return self._runtime
+
+    async def unload(self) -> None:
+        """Stop the threads and drop the models."""
+        async with self._lock:
+            runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            await asyncio.to_thread(runtime.shutdown)
+
+    @asynccontextmanager
+    async def request(self) -> AsyncIterator[Runtime]:
+        """Count an active request for idle tracking and give it the runtime."""
+        self.active_requests += 1
+        try:
+            yield await self.load()
+        finally:
+            self.active_requests -= 1
+            self.last_activity = time.monotonic()
+
+    async def watch_idle(self) -> None:
+        """Unload the models after `idle_unload_seconds` without requests (runs forever)."""
+        limit = self.config.idle_unload_seconds
+        while limit > 0:
+            await asyncio.sleep(min(limit, 5.0))
+            idle = time.monotonic() - self.last_activity
+            if self._runtime is not None and self.active_requests == 0 and idle >= limit:
+                log.info("unloading models after %.0f s idle", idle)
+                await self.unload()

@@ -1,0 +1,88 @@
+"""Busy and overload answers, API key, lazy loading."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+from conftest import LiveServer, tiny_server_config
+
+LONG = {
+    "text": "Keep the engine busy.",
+    "max_new_tokens": 3000,
+    "ignore_eos": True,
+    "streaming": True,
+    "format": "pcm",
+}
+
+
+def hold_stream(url: str, stop: threading.Event) -> None:
+    """Stream a long request until `stop` is set, then hang up."""
+    with httpx.Client(timeout=60) as client, client.stream("POST", url, json=LONG) as response:
+        for _ in response.iter_bytes():
+            if stop.is_set():
+                return
+
+
+def test_queue_overflow_gives_429_with_retry_after(tmp_path):
+    config = tiny_server_config(tmp_path, max_num_seqs=1, max_waiting=1)
+    with LiveServer(config) as live:
+        stop = threading.Event()
+        holders = [
+            threading.Thread(target=hold_stream, args=(live.url + "/v1/tts", stop))
+            for _ in range(2)
+        ]  # one running, one waiting
+        for t in holders:
+            t.start()
+        try:
+            for _ in range(200):
+                stats = live.state.runtime.engine.stats()
+                if stats.running == 1 and stats.waiting == 1:
+                    break
+                threading.Event().wait(0.05)
+            busy = httpx.post(live.url + "/v1/tts", json={"text": "One more."}, timeout=60)
+            assert busy.status_code == 429, busy.text
+            assert busy.headers["retry-after"]
+            assert httpx.get(live.url + "/health").json()["status"] == "busy"
+        finally:
+            stop.set()
+            for t in holders:
+                t.join(60)
+
+
+def test_critical_memory_gives_503(tmp_path):
+    with LiveServer(tiny_server_config(tmp_path)) as live:
+        live.state.runtime.memory_critical = lambda: True
+        response = httpx.post(live.url + "/v1/tts", json={"text": "Hi."}, timeout=60)
+        assert response.status_code == 503 and response.headers["retry-after"]
+
+
+def test_api_key(tmp_path):
+    with LiveServer(tiny_server_config(tmp_path, api_key="s3cret")) as live:
+        body = {"text": "Hi.", "max_new_tokens": 3}
+        assert httpx.post(live.url + "/v1/tts", json=body).status_code == 401
+        assert (
+            httpx.post(
+                live.url + "/v1/tts", json=body, headers={"Authorization": "Bearer wrong"}
+            ).status_code
+            == 401
+        )
+        ok = httpx.post(
+            live.url + "/v1/tts", json=body, timeout=60, headers={"Authorization": "Bearer s3cret"}
+        )
+        assert ok.status_code == 200
+        assert httpx.get(live.url + "/health").status_code == 200  # open for load balancers
+
+
+def test_lazy_load_and_idle_unload(tmp_path):
+    config = tiny_server_config(tmp_path, lazy_load=True, idle_unload_seconds=0.5)
+    with LiveServer(config) as live:
+        assert httpx.get(live.url + "/health").json()["loaded"] is False
+        body = {"text": "Load on demand.", "max_new_tokens": 3}
+        assert httpx.post(live.url + "/v1/tts", json=body, timeout=60).status_code == 200
+        assert live.state.runtime is not None
+        for _ in range(150):
+            if live.state.runtime is None:
+                break
+            threading.Event().wait(0.1)
+        assert live.state.runtime is None

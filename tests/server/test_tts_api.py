@@ -1,0 +1,195 @@
+"""The speech endpoints on a real uvicorn server with the tiny fixture models."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import httpx
+import numpy as np
+import ormsgpack
+import pytest
+import soundfile as sf
+from conftest import LiveServer, tiny_server_config
+
+FRAME_SAMPLES = 256  # tiny decoder
+FIXED = {"max_new_tokens": 12, "ignore_eos": True, "seed": 7}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with LiveServer(tiny_server_config(tmp_path_factory.mktemp("srv"))) as live:
+        yield live
+
+
+def tts(server, body: dict, **kwargs) -> httpx.Response:
+    return httpx.post(server.url + "/v1/tts", json=body, timeout=120, **kwargs)
+
+
+def pcm(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype="<i2")
+
+
+def test_tts_returns_wav_of_the_expected_length(server):
+    response = tts(server, {"text": "Hello there.", **FIXED})
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "audio/wav"
+    audio, rate = sf.read(io.BytesIO(response.content), dtype="int16")
+    assert rate == 44100
+    assert len(audio) == (FIXED["max_new_tokens"] - 1) * FRAME_SAMPLES  # first frame not audio
+
+
+def test_long_text_is_generated_segment_by_segment(server):
+    text = "First sentence is here. " * 5 + "And a second part follows it, much later on."
+    response = tts(server, {"text": text, "chunk_length": 100, "format": "pcm", **FIXED})
+    assert response.status_code == 200
+    frames = len(pcm(response.content)) // FRAME_SAMPLES
+    assert frames % (FIXED["max_new_tokens"] - 1) == 0 and frames >= 2 * 11
+
+
+def test_msgpack_and_json_give_the_same_audio(server):
+    body = {"text": "Same audio either way.", "format": "pcm", **FIXED}
+    as_json = tts(server, body)
+    as_msgpack = httpx.post(
+        server.url + "/v1/tts",
+        content=ormsgpack.packb(body),
+        headers={"content-type": "application/msgpack"},
+        timeout=120,
+    )
+    assert as_json.status_code == as_msgpack.status_code == 200
+    assert as_json.content == as_msgpack.content
+
+
+@pytest.mark.parametrize("fmt", ["pcm", "wav"])
+def test_streaming_bytes_equal_non_streaming(server, fmt):
+    body = {
+        "text": "Streaming should not change a sample.",
+        "format": fmt,
+        **FIXED,
+        "max_new_tokens": 40,
+    }
+    whole = tts(server, body)
+    with httpx.stream(
+        "POST", server.url + "/v1/tts", json={**body, "streaming": True}, timeout=120
+    ) as response:
+        chunks = list(response.iter_bytes())
+    streamed = b"".join(chunks)
+    if fmt == "pcm":
+        assert streamed == whole.content
+    else:  # identical but for the two size fields of the streaming header (0xFFFFFFFF)
+        assert streamed[:4] == whole.content[:4] and streamed[8:40] == whole.content[8:40]
+        assert streamed[44:] == whole.content[44:]
+        assert streamed[40:44] == b"\xff\xff\xff\xff"
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "flac"])
+def test_compressed_formats_decode(server, fmt):
+    response = tts(server, {"text": "Compressed.", "format": fmt, **FIXED})
+    assert response.status_code == 200
+    import av
+
+    with av.open(io.BytesIO(response.content)) as container:
+        samples = sum(frame.samples for frame in container.decode(audio=0))
+    expected = (
+        (FIXED["max_new_tokens"] - 1) * FRAME_SAMPLES * (48000 / 44100 if fmt == "opus" else 1)
+    )
+    assert abs(samples - expected) <= 1152
+
+
+def test_concurrent_requests_each_equal_their_solo_result(server):
+    bodies = [
+        {
+            "text": f"Request number {i} speaks.",
+            "format": "pcm",
+            "seed": i,
+            "max_new_tokens": 8 + i,
+            "ignore_eos": True,
+        }
+        for i in range(16)
+    ]
+    solo = [pcm(tts(server, b).content).astype(int) for b in bodies[:4]]
+    results: dict[int, httpx.Response] = {}
+
+    def call(i: int) -> None:
+        results[i] = tts(server, bodies[i])
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert all(results[i].status_code == 200 for i in range(16))
+    for i in range(16):
+        assert len(pcm(results[i].content)) == (8 + i - 1) * FRAME_SAMPLES
+    for i, alone in enumerate(solo):
+        # Batched decoder convolutions round differently (~1e-7): at most 1 LSB of int16.
+        assert np.abs(pcm(results[i].content).astype(int) - alone).max() <= 1
+
+
+def test_openai_sdk_works_unchanged(server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    speech = client.audio.speech.create(
+        model="fish-speech-1.5",
+        voice="default",
+        input="Hello from the OpenAI SDK.",
+        response_format="wav",
+    )
+    audio, rate = sf.read(io.BytesIO(speech.content))
+    assert rate == 44100 and len(audio) > 0
+
+
+def test_openai_sse_stream(server):
+    body = {
+        "model": "x",
+        "input": "Server sent events.",
+        "voice": "default",
+        "response_format": "pcm",
+        "stream_format": "sse",
+    }
+    response = httpx.post(server.url + "/v1/audio/speech", json=body, timeout=120)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [line for line in response.text.splitlines() if line.startswith("data: ")]
+    assert '"speech.audio.done"' in events[-1]
+    assert any('"speech.audio.delta"' in e for e in events[:-1])
+
+
+def test_disconnect_storm_frees_every_kv_block(server):
+    body = {
+        "text": "Disconnect me.",
+        "format": "pcm",
+        "streaming": True,
+        "max_new_tokens": 400,
+        "ignore_eos": True,
+    }
+    for _ in range(8):
+        with httpx.stream("POST", server.url + "/v1/tts", json=body, timeout=60) as response:
+            next(response.iter_bytes())  # some audio arrived, then the client goes away
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        health = httpx.get(server.url + "/health").json()
+        kv = health["kv_cache"]
+        if kv["blocks_free"] == kv["blocks_total"] and health["requests"]["running"] == 0:
+            break
+        time.sleep(0.1)
+    assert kv["blocks_free"] == kv["blocks_total"]
+    assert tts(server, {"text": "Still serving.", **FIXED}).status_code == 200
+
+
+def test_health_and_metrics(server):
+    health = httpx.get(server.url + "/v1/health").json()
+    assert health["status"] == "ok"
+    assert set(health["requests"]) == {"running", "waiting"}
+    assert {"dtype", "block_size", "blocks_total", "blocks_free"} <= set(health["kv_cache"])
+    assert health["gpu_memory"] is None  # CPU
+    text = httpx.get(server.url + "/metrics").text
+    for name in (
+        "fishserve:num_requests_running",
+        "fishserve:kv_cache_usage_perc",
+        "fishserve:time_to_first_audio_seconds_bucket",
+        "fishserve:generation_frames_total",
+        "fishserve:request_success_total",
+    ):
+        assert name in text
