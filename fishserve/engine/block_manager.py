@@ -20,14 +20,16 @@ class BlockManager:
     ids out and takes them back, and checks that nothing is freed twice.
     """
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, reserved: int = 0) -> None:
+        """`reserved` leading block ids (e.g. the null block of CUDA graphs) are never handed
+        out; `num_blocks` counts the others."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError(
                 f"need at least one block of one position, got {num_blocks}x{block_size}"
             )
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: deque[int] = deque(range(reserved, reserved + num_blocks))
         self._used: set[int] = set()
 
     @property

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -48,6 +48,8 @@ class EngineConfig:
             memory. None: on CUDA 0.9 of the device, on CPU a KV pool of `cpu_kv_cache_bytes`.
         num_kv_blocks: fixed pool size, bypassing the budget (tests, benchmarks).
         decoder_workspace_bytes: memory set aside for the audio decoder.
+        enforce_eager: no CUDA graphs (decode steps run eagerly).
+        static_decode: use the static-shape decode path on CPU too (it always is on CUDA).
     """
 
     kv_cache_dtype: str = "auto"
@@ -58,6 +60,8 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     decoder_workspace_bytes: int = 512 * MiB
     cpu_kv_cache_bytes: int = 256 * MiB
+    enforce_eager: bool = False
+    static_decode: bool = False
 
 
 @dataclass(frozen=True)
@@ -136,21 +140,17 @@ class LLMEngine:
             mc.n_layer, mc.n_local_heads, mc.head_dim, config.block_size, 1, kv_dtype
         )
         self.memory = self._plan_memory(layout.bytes_per_token)
-        layout = KVCacheLayout(
-            mc.n_layer,
-            mc.n_local_heads,
-            mc.head_dim,
-            config.block_size,
-            self.memory.num_blocks,
-            kv_dtype,
-        )
+        # One extra block: the null block that padded rows of captured decode graphs use.
+        layout = replace(layout, num_blocks=self.memory.num_blocks + 1)
         log.info("%s (KV %s)", self.memory.summary(), kv_dtype)
         self.cache = PagedKVCache(layout, self.device)
-        self.blocks = BlockManager(layout.num_blocks, config.block_size)
+        self.blocks = BlockManager(self.memory.num_blocks, config.block_size, reserved=1)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.blocks
         )
-        self.runner = ModelRunner(model, self.cache)
+        self.runner = ModelRunner(
+            model, self.cache, config.max_num_seqs, config.enforce_eager, config.static_decode
+        )
         self.sequences: dict[str, Sequence] = {}
         self.frames_generated = 0
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from fishserve.models.fusion import gpu_fused
+
 _STORAGE = {
     "fp32": torch.float32,
     "bf16": torch.bfloat16,
@@ -86,6 +88,7 @@ def kv_bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: str
     return 2 * num_layers * kv_heads * (head_dim * elem + scale)
 
 
+@gpu_fused
 def quantize(x: Tensor, dtype: str) -> tuple[Tensor, Tensor]:
     """Quantize x (N, KV, Dh) per token per head.
 

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from fishserve.engine.decode_step import CudaGraphDecoder, build_decode_inputs, decode_step
 from fishserve.engine.frame import BatchSampling, sample_frame
 from fishserve.engine.kv_cache import PagedKVCache
 from fishserve.engine.paged_attention import AttentionMetadata, TorchPagedAttention
 from fishserve.engine.scheduler import ScheduledBatch
 from fishserve.engine.sequence import Sequence
+from fishserve.engine.triton_attention import triton_available
 from fishserve.models.dual_ar import DualARTransformer
 
 
@@ -103,13 +105,48 @@ def batch_sampling(seqs: list[Sequence], device: torch.device) -> tuple[BatchSam
     return sampling, windows
 
 
-class ModelRunner:
-    """Runs scheduled batches on the DualAR model with a paged KV cache."""
+def is_decode_batch(batch: ScheduledBatch) -> bool:
+    """Whether every scheduled sequence computes exactly its last generated frame."""
+    return all(n == 1 and seq.frames and seq.num_pending == 1 for seq, n in batch.items)
 
-    def __init__(self, model: DualARTransformer, cache: PagedKVCache) -> None:
+
+class ModelRunner:
+    """Runs scheduled batches on the DualAR model with a paged KV cache.
+
+    Decode-only batches take the static-shape path (`decode_step`): on CUDA through the fused
+    Triton attention, replayed from CUDA graphs unless `enforce_eager`. Batches with prefill
+    positions take the general path (`TorchPagedAttention`).
+
+    Args:
+        max_batch: largest decode batch (the engine's `max_num_seqs`).
+        static_decode: use the static decode path on CPU too (tests); always on for CUDA.
+    """
+
+    def __init__(
+        self,
+        model: DualARTransformer,
+        cache: PagedKVCache,
+        max_batch: int = 1,
+        enforce_eager: bool = False,
+        static_decode: bool = False,
+    ) -> None:
         self.model = model
         self.cache = cache
         self.device = model.embeddings.weight.device
+        on_gpu = self.device.type == "cuda"
+        self.use_triton = on_gpu and triton_available()
+        self.static_decode = static_decode or on_gpu
+        self.max_blocks = -(-model.config.max_seq_len // cache.layout.block_size)
+        self.graphs: CudaGraphDecoder | None = None
+        if on_gpu and not enforce_eager:
+            self.graphs = CudaGraphDecoder(
+                model, cache, max_batch, self.max_blocks, self.use_triton
+            )
+
+    @property
+    def num_captures(self) -> int:
+        """CUDA graphs captured (all at start-up; 0 when eager)."""
+        return 0 if self.graphs is None else self.graphs.num_captures
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, Tensor]]:
@@ -117,6 +154,8 @@ class ModelRunner:
 
         Advances `num_computed` of every scheduled sequence.
         """
+        if self.static_decode and is_decode_batch(batch):
+            return self._execute_decode([seq for seq, _ in batch.items])
         inputs = build_inputs(batch, self.cache.layout.block_size, self.device)
         attn = TorchPagedAttention(self.cache, inputs.meta)
         model = self.model
@@ -129,3 +168,13 @@ class ModelRunner:
         sampling, windows = batch_sampling(inputs.samplers, self.device)
         frames = sample_frame(model, last, model.slow_logits(last), sampling, windows)
         return list(zip(inputs.samplers, frames.cpu(), strict=True))
+
+    def _execute_decode(self, seqs: list[Sequence]) -> list[tuple[Sequence, Tensor]]:
+        host = build_decode_inputs(seqs, self.cache.layout.block_size, self.max_blocks)
+        if self.graphs is not None and len(seqs) <= self.graphs.max_batch:
+            frames = self.graphs.run(host)
+        else:
+            frames = decode_step(self.model, self.cache, host.to(self.device), self.use_triton)
+        for seq in seqs:
+            seq.num_computed += 1
+        return list(zip(seqs, frames.cpu(), strict=True))

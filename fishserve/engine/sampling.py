@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from fishserve.models.fusion import gpu_fused
+
 # Spec §5: the penalty window spans the last 16 frames produced by the decode loop.
 REPETITION_WINDOW = 16
 # Spec §5: logits are divided by max(temperature, 1e-5); at or below it sampling is greedy.
@@ -78,6 +80,7 @@ def noise_counter(segment: Tensor, frame: Tensor, slot: int) -> Tensor:
     return (segment << 24) | ((frame & 0xFFFFF) << 4) | slot
 
 
+@gpu_fused
 def exponential_noise(seeds: Tensor, counters: Tensor, vocab: int) -> Tensor:
     """Exponential(1) samples from a hash of (seed, counter, index).
 

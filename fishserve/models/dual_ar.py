@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from fishserve.models.attention import AttentionBackend, CausalAttention
 from fishserve.models.config import DualARConfig
+from fishserve.models.fusion import gpu_fused
 
 
 class RMSNorm(nn.Module):
@@ -27,9 +28,15 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return y.type_as(x) * self.weight
+        return rms_norm(x, self.weight, self.eps)
+
+
+@gpu_fused
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """(x_f32 * rsqrt(mean(x_f32^2) + eps)) cast to x's dtype, times weight (spec §2.4)."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return y.type_as(x) * weight
 
 
 def rope_table(positions: int, head_dim: int, base: float) -> Tensor:
@@ -46,6 +53,7 @@ def rope_table(positions: int, head_dim: int, base: float) -> Tensor:
     return table.to(torch.bfloat16).float()
 
 
+@gpu_fused
 def apply_rope(x: Tensor, table: Tensor) -> Tensor:
     """Rotate each pair (x[2i], x[2i+1]) by the table's angle, computed in fp32.
 
@@ -97,7 +105,13 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(swiglu(self.w1(x), self.w3(x)))
+
+
+@gpu_fused
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    """silu(gate) * up."""
+    return F.silu(gate) * up
 
 
 class TransformerBlock(nn.Module):

@@ -1,0 +1,5 @@
+"""`python -m fishserve ...` runs the command line."""
+
+from fishserve.cli import main
+
+main()

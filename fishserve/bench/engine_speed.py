@@ -1,0 +1,230 @@
+"""`fishserve bench-engine`: decode speed of the engine itself (no HTTP, no audio decoder).
+
+For each KV dtype and mode (CUDA graphs or eager), one engine is built on the full-size
+architecture with random weights; for each batch size B, B requests with prompts of
+`--context` positions are prefilled, then `--frames` decode steps are timed (each step emits
+one frame for every sequence; output length fixed with ignore_eos). Reported: ms per step,
+frames per second (B / step time), time to first frame of a lone request, peak GPU memory,
+KV bytes per position and CUDA graph captures.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from fishserve.engine.engine import EngineConfig, GenerationRequest, LLMEngine
+from fishserve.engine.sampling import SamplingParams
+from fishserve.models.dual_ar import DualARTransformer
+from fishserve.models.tokenizer import FishTokenizer
+
+FRAMES_PER_SECOND = 44100 / 2048  # audio frames per second of speech (spec §0)
+
+
+@dataclass
+class EngineBenchResult:
+    """One measured point."""
+
+    kv_cache_dtype: str
+    mode: str
+    batch: int
+    context: int
+    ms_per_step: float
+    frames_per_s: float
+    realtime_streams: float
+    peak_gpu_bytes: int
+    kv_bytes_per_token: int
+    graph_captures: int
+
+
+def prompt_text(tokenizer: FishTokenizer, positions: int) -> str:
+    """A text whose prompt is about `positions` long (prompt overhead subtracted)."""
+    overhead = len(tokenizer.encode("<|im_start|>user\n<|im_end|><|im_start|>assistant\n")) + 1
+    words = "the quick brown fox jumps over a lazy dog "
+    text = ""
+    while len(tokenizer.encode(text)) < positions - overhead:
+        text += words
+    return text
+
+
+def fill_decode(engine: LLMEngine, batch: int, text: str, frames: int) -> None:
+    """Submit `batch` requests and step until every one is decoding."""
+    for i in range(batch):
+        engine.add_request(
+            GenerationRequest(
+                text,
+                [],
+                SamplingParams(0.7, 0.7, 1.2, seed=i),
+                chunk_length=0,
+                max_new_tokens=frames + 4,
+                ignore_eos=True,
+                request_id=f"b{i}",
+            )
+        )
+    while any(not seq.frames for seq in engine.sequences.values()):
+        engine.step()
+
+
+def time_steps(engine: LLMEngine, steps: int) -> float:
+    """Median wall seconds of `steps` engine steps (each synchronises on its frames)."""
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def run_point(engine: LLMEngine, batch: int, text: str, frames: int) -> float:
+    """Seconds per decode step at `batch`; leaves the engine empty."""
+    fill_decode(engine, batch, text, frames)
+    seconds = time_steps(engine, frames)
+    for rid in list(engine.sequences):
+        engine.abort(rid)
+    return seconds
+
+
+def bench_config(
+    model: DualARTransformer,
+    tokenizer: FishTokenizer,
+    kv: str,
+    mode: str,
+    batches: list[int],
+    context: int,
+    frames: int,
+) -> list[EngineBenchResult]:
+    """All batch sizes for one KV dtype and mode."""
+    block = 16
+    per_seq = -(-(context + frames + 64) // block)
+    config = EngineConfig(
+        kv_cache_dtype=kv,
+        block_size=block,
+        max_num_seqs=max(batches),
+        max_num_batched_tokens=8192,
+        num_kv_blocks=per_seq * max(batches),
+        enforce_eager=mode == "eager",
+        decoder_workspace_bytes=0,
+    )
+    engine = LLMEngine(model, tokenizer, config)
+    text = prompt_text(tokenizer, context)
+    results = []
+    for batch in batches:
+        torch.cuda.reset_peak_memory_stats() if torch.cuda.is_available() else None
+        seconds = run_point(engine, batch, text, frames)
+        peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
+        fps = batch / seconds
+        results.append(
+            EngineBenchResult(
+                kv,
+                mode,
+                batch,
+                context,
+                seconds * 1e3,
+                fps,
+                fps / FRAMES_PER_SECOND,
+                peak,
+                engine.cache.layout.bytes_per_token,
+                engine.runner.num_captures,
+            )
+        )
+    del engine
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return results
+
+
+def time_to_first_frame(model: DualARTransformer, tokenizer: FishTokenizer, context: int) -> float:
+    """Seconds from submission to the first frame of a lone request (prefill + sample)."""
+    engine = LLMEngine(
+        model,
+        tokenizer,
+        EngineConfig(
+            max_num_seqs=1, num_kv_blocks=256, enforce_eager=True, decoder_workspace_bytes=0
+        ),
+    )
+    text = prompt_text(tokenizer, context)
+    fill_decode(engine, 1, text, 4)  # warm-up
+    for rid in list(engine.sequences):
+        engine.abort(rid)
+    start = time.perf_counter()
+    fill_decode(engine, 1, text, 4)
+    return time.perf_counter() - start
+
+
+def render_table(results: list[EngineBenchResult], console: Console) -> str:
+    """Print a rich table and return the same as markdown."""
+    head = [
+        "KV",
+        "mode",
+        "batch",
+        "ctx",
+        "ms/step",
+        "frames/s",
+        "RT streams",
+        "peak GiB",
+        "KV B/pos",
+        "graphs",
+    ]
+    table = Table(*head)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        row = [
+            r.kv_cache_dtype,
+            r.mode,
+            str(r.batch),
+            str(r.context),
+            f"{r.ms_per_step:.2f}",
+            f"{r.frames_per_s:,.0f}",
+            f"{r.realtime_streams:,.0f}",
+            f"{r.peak_gpu_bytes / 2**30:.2f}",
+            str(r.kv_bytes_per_token),
+            str(r.graph_captures),
+        ]
+        table.add_row(*row)
+        lines.append("| " + " | ".join(row) + " |")
+    console.print(table)
+    return "\n".join(lines)
+
+
+def run_engine_bench(
+    model: DualARTransformer,
+    tokenizer: FishTokenizer,
+    kv_dtypes: list[str],
+    modes: list[str],
+    batches: list[int],
+    context: int,
+    frames: int,
+    output: Path | None,
+    console: Console,
+) -> list[EngineBenchResult]:
+    """The whole sweep; writes JSON and markdown next to `output` if given."""
+    results: list[EngineBenchResult] = []
+    with Progress(console=console) as progress:
+        task = progress.add_task("engine bench", total=len(kv_dtypes) * len(modes))
+        for kv in kv_dtypes:
+            for mode in modes:
+                results += bench_config(model, tokenizer, kv, mode, batches, context, frames)
+                progress.advance(task)
+    ttff = time_to_first_frame(model, tokenizer, context)
+    markdown = render_table(results, console)
+    console.print(
+        f"time to first frame (prefill {context} positions, batch 1): {ttff * 1e3:.1f} ms"
+    )
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "results": [asdict(r) for r in results],
+            "ttff_ms": ttff * 1e3,
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        }
+        output.write_text(json.dumps(payload, indent=2))
+        output.with_suffix(".md").write_text(markdown + f"\n\nTTFF {ttff * 1e3:.1f} ms\n")
+    return results

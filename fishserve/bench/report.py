@@ -1,0 +1,131 @@
+"""The benchmark's outputs: `bench.json` (everything) and `bench.md` (the summary table)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from fishserve.bench.client import RequestRecord
+from fishserve.bench.memory import MemorySample
+from fishserve.bench.stats import LevelSummary
+
+GiB = 2**30
+DEFINITIONS = (
+    "TTFA: seconds from send (Poisson: scheduled arrival) to the first audio byte, queueing "
+    "included. Latency: to the last byte. RTF = latency / audio seconds (<= 1 is faster than "
+    "real time). Real-time: every successful stream had RTF <= 1. Stalled: streams that fell "
+    "behind a player started at their first byte. Throughput counts successful requests over "
+    "the level's wall time; frames/s = audio s/s x frames per audio second. Peak GPU: "
+    "whole-device used memory polled during the level."
+)
+
+
+@dataclasses.dataclass
+class BenchReport:
+    """A finished run.
+
+    Attributes:
+        meta: options, server health at the start, tool version, start time.
+        levels: one summary per level, in run order.
+        requests: every measured request (warm-up excluded).
+        memory: polls of GPU memory and queue sizes.
+    """
+
+    meta: dict[str, Any]
+    levels: list[LevelSummary]
+    requests: list[RequestRecord]
+    memory: list[MemorySample]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (records carry their derived RTF and frames/s)."""
+        rate = float(self.meta.get("frame_rate", 0.0))
+        requests = [
+            {**dataclasses.asdict(r), "rtf": r.rtf, "frames_per_s": r.frames_per_s(rate)}
+            for r in self.requests
+        ]
+        return {
+            "meta": self.meta,
+            "levels": [dataclasses.asdict(s) for s in self.levels],
+            "requests": requests,
+            "memory": [dataclasses.asdict(m) for m in self.memory],
+        }
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _triple(values: dict[str, float | None]) -> str:
+    return " / ".join(_num(values[k]) for k in ("p50", "p90", "p99"))
+
+
+def _errors(errors: dict[str, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in errors.items()) or "0"
+
+
+def _realtime(summary: LevelSummary) -> str:
+    if summary.all_realtime is None:
+        return "-"
+    return "yes" if summary.all_realtime else f"no (max {_num(summary.rtf_max)})"
+
+
+def level_row(summary: LevelSummary) -> str:
+    """One markdown table row."""
+    peak = None if summary.peak_gpu_bytes is None else summary.peak_gpu_bytes / GiB
+    cells = [
+        f"{summary.level:g}",
+        str(summary.requests),
+        str(summary.ok),
+        _errors(summary.errors),
+        _triple(summary.latency_s),
+        _triple(summary.ttfa_s),
+        _num(summary.requests_per_min, 1),
+        _num(summary.audio_s_per_s),
+        _num(summary.frames_per_s, 1),
+        _num(summary.rtf["p90"]),
+        _realtime(summary),
+        str(summary.stalled_streams),
+        _num(peak),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def markdown_table(levels: list[LevelSummary], level_name: str) -> str:
+    """The summary table, one row per level."""
+    header = (
+        f"| {level_name} | requests | ok | errors | latency s p50/p90/p99 | "
+        "TTFA s p50/p90/p99 | req/min | audio s/s | frames/s | RTF p90 | real-time | stalled | "
+        "peak GPU GiB |"
+    )
+    rule = "|" + "---|" * 13
+    return "\n".join([header, rule, *(level_row(s) for s in levels)])
+
+
+def markdown_report(report: BenchReport) -> str:
+    """`bench.md`: what ran, the table, and the definitions."""
+    meta = report.meta
+    lines = [
+        f"# fishserve bench: {meta.get('label') or meta['url']}",
+        "",
+        f"- target: `{meta['url']}{meta['path']}` ({meta['api']} API), started {meta['started']}",
+        f"- mode: {meta['mode']}; workload: {meta['workload']} ({meta['workload_size']} texts)",
+        f"- request: {meta['request']}",
+        f"- server: {meta.get('server_summary') or 'no /v1/health'}",
+        "",
+        markdown_table(report.levels, meta["level_name"]),
+        "",
+        DEFINITIONS,
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(report: BenchReport, output_dir: Path) -> list[Path]:
+    """Write `bench.json` and `bench.md` into `output_dir`; return their paths."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = output_dir / "bench.json", output_dir / "bench.md"
+    json_path.write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
+    md_path.write_text(markdown_report(report), encoding="utf-8")
+    return [json_path, md_path]

@@ -1,0 +1,253 @@
+"""`fishserve bench` end to end: warm up, run every level with a progress bar, write reports.
+
+Request i of every level speaks the same text with the same seed, so levels differ only in
+load. Warm-up requests (not measured) run first, one at a time; if none of them reaches the
+server the run stops with an error instead of measuring connection failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+import fishserve
+from fishserve.bench.client import RequestRecord, Target, send_request
+from fishserve.bench.load import LevelPlan, run_closed_loop, run_poisson
+from fishserve.bench.memory import MemoryMonitor, MemorySource, read_health
+from fishserve.bench.plots import write_plots
+from fishserve.bench.report import BenchReport, markdown_table, write_report
+from fishserve.bench.stats import LevelSummary, summarize
+from fishserve.bench.workload import RequestShape, WorkItem, request_body
+
+# 44100 Hz / 2048 samples per code frame (Firefly decoder of Fish Speech 1.5).
+RELEASE_FRAME_RATE = 44100 / 2048
+Mode = Literal["concurrency", "poisson"]
+
+
+@dataclass
+class BenchOptions:
+    """Everything one run needs (see `fishserve bench --help` for the meaning of each).
+
+    Attributes:
+        url: server base URL.
+        levels: concurrencies (mode "concurrency") or arrival rates per second ("poisson").
+        num_requests: requests per level; None = max(16, 4 x concurrency), or 64 (Poisson).
+        duration_s: per level, no request starts after this many seconds.
+        frame_rate: audio frames per audio second (for frames/s).
+        gpu_index: GPU polled through NVML/nvidia-smi when health has no memory data.
+    """
+
+    url: str
+    workload: list[WorkItem]
+    shape: RequestShape = field(default_factory=RequestShape)
+    mode: Mode = "concurrency"
+    levels: list[float] = field(default_factory=lambda: [1, 4, 16, 64, 256])
+    num_requests: int | None = None
+    duration_s: float = 180.0
+    warmup: int = 2
+    timeout_s: float = 600.0
+    sample_rate: int = 44100
+    frame_rate: float = RELEASE_FRAME_RATE
+    memory_source: MemorySource = "auto"
+    gpu_index: int | None = None
+    poll_interval_s: float = 0.5
+    max_inflight: int = 1024
+    api_key: str | None = None
+    workload_name: str = "builtin"
+    label: str = ""
+    output_dir: Path = Path("bench_out")
+
+    @property
+    def level_name(self) -> str:
+        """Column/axis name of the levels."""
+        return "concurrency" if self.mode == "concurrency" else "arrival rate (req/s)"
+
+    def requests_for(self, level: float) -> int:
+        """Requests to start at `level`."""
+        if self.num_requests is not None:
+            return self.num_requests
+        return max(16, 4 * int(level)) if self.mode == "concurrency" else 64
+
+    def target(self) -> Target:
+        """Where requests go."""
+        return Target(
+            self.url, self.shape.path, self.shape.audio_format, self.sample_rate, self.api_key
+        )
+
+
+class BenchRun:
+    """One benchmark run against one server (state shared by the levels)."""
+
+    def __init__(self, opts: BenchOptions, client: httpx.AsyncClient, progress: Progress):
+        self.opts, self.client, self.progress = opts, client, progress
+        self.target = opts.target()
+        self.clock_zero = time.perf_counter()
+        self.monitor = MemoryMonitor(
+            client, opts.url, opts.memory_source, opts.gpu_index, opts.poll_interval_s
+        )
+
+    async def send(self, level: float, index: int, t0: float | None) -> RequestRecord:
+        """Request `index` of a level."""
+        item = self.opts.workload[index % len(self.opts.workload)]
+        record = RequestRecord(index, level, item.category, 0.0, "pending")
+        body = request_body(self.opts.shape, item, index)
+        return await send_request(self.client, self.target, body, record, self.clock_zero, t0)
+
+    async def warm_up(self) -> None:
+        """Send the warm-up requests one by one.
+
+        Raises:
+            ConnectionError: none of them reached the server.
+        """
+        records = [await self.send(-1, i, None) for i in range(self.opts.warmup)]
+        if records and all(r.status in ("connect", "timeout") for r in records):
+            raise ConnectionError(f"cannot reach {self.opts.url}: {records[-1].error}")
+
+    async def run_level(self, level: float) -> tuple[LevelSummary, list[RequestRecord]]:
+        """Run one level with its progress bar."""
+        opts = self.opts
+        plan = LevelPlan(level, opts.requests_for(level), opts.duration_s)
+        task = self.progress.add_task(
+            f"{opts.level_name} {level:g}", total=plan.num_requests, errors=0
+        )
+        errors = 0
+
+        def done(record: RequestRecord) -> None:
+            nonlocal errors
+            errors += not record.ok
+            self.progress.update(task, advance=1, errors=errors)
+
+        self.monitor.level = level
+        send = functools.partial(self.send, level)
+        if opts.mode == "concurrency":
+            records = await run_closed_loop(plan, send, done)
+        else:
+            seed = opts.shape.seed + int(level * 1000)
+            records = await run_poisson(plan, send, done, seed, opts.max_inflight)
+        await self.monitor.poll(self.clock_zero)  # at least one sample per level
+        self.monitor.level = None
+        self.progress.update(task, total=len(records))
+        summary = summarize(level, records, opts.frame_rate, self.monitor.peak_bytes(level))
+        return summary, records
+
+
+def server_summary(health: dict[str, Any] | None) -> str | None:
+    """One line about the server from its health report (fishserve), or None."""
+    if not health or not isinstance(health.get("model"), dict):
+        return None
+    model, kv, gpu = health["model"], health.get("kv_cache") or {}, health.get("gpu_memory")
+    parts = [
+        f"device={model.get('device')}",
+        f"dtype={model.get('dtype')}",
+        f"kv={kv.get('dtype', model.get('kv_cache_dtype'))}",
+        f"kv_blocks={kv.get('blocks_total')}",
+    ]
+    if gpu and gpu.get("budget_bytes"):
+        parts.append(f"budget={gpu['budget_bytes'] / 2**30:.2f} GiB")
+    return " ".join(parts)
+
+
+def run_meta(opts: BenchOptions, health: dict[str, Any] | None) -> dict[str, Any]:
+    """The report's description of the run."""
+    shape = opts.shape
+    reference = shape.reference_id or ("inline" if shape.reference_audio else "none")
+    request = (
+        f"format={shape.audio_format} streaming={shape.streaming} "
+        f"max_new_tokens={shape.max_new_tokens} ignore_eos={shape.ignore_eos} "
+        f"chunk_length={shape.chunk_length} seed={shape.seed} reference={reference}"
+    )
+    return {
+        "tool": f"fishserve {fishserve.__version__} bench",
+        "label": opts.label,
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "url": opts.url,
+        "path": shape.path,
+        "api": shape.api,
+        "mode": opts.mode,
+        "level_name": opts.level_name,
+        "levels": opts.levels,
+        "workload": opts.workload_name,
+        "workload_size": len(opts.workload),
+        "request": request,
+        "extra_body": shape.extra_body,
+        "warmup": opts.warmup,
+        "duration_s": opts.duration_s,
+        "frame_rate": opts.frame_rate,
+        "server": health,
+        "server_summary": server_summary(health),
+    }
+
+
+def make_progress(console: Console) -> Progress:
+    """The progress display: one bar per level with its error count."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("errors {task.fields[errors]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
+async def bench(opts: BenchOptions, progress: Progress) -> BenchReport:
+    """Run every level against the server and return the report (nothing written)."""
+    peak = max(opts.levels) if opts.mode == "concurrency" else opts.max_inflight
+    limits = httpx.Limits(max_connections=int(peak) + 4, max_keepalive_connections=int(peak) + 4)
+    timeout = httpx.Timeout(opts.timeout_s, connect=10.0)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        health = await read_health(client, opts.url)
+        run = BenchRun(opts, client, progress)
+        await run.warm_up()
+        run.monitor.start(run.clock_zero)
+        levels, records = [], []
+        try:
+            for level in opts.levels:
+                summary, level_records = await run.run_level(level)
+                levels.append(summary)
+                records.extend(level_records)
+        finally:
+            await run.monitor.stop()
+    return BenchReport(run_meta(opts, health), levels, records, run.monitor.samples)
+
+
+def run_bench(opts: BenchOptions, console: Console) -> BenchReport:
+    """Run the benchmark, write bench.json, bench.md and the PNGs, print the table.
+
+    Raises:
+        ConnectionError: the server could not be reached.
+        ValueError: bad options.
+    """
+    if not opts.levels or min(opts.levels) <= 0:
+        raise ValueError(f"levels must be positive numbers, got {opts.levels}")
+    if opts.mode == "concurrency" and any(level != int(level) for level in opts.levels):
+        raise ValueError(f"concurrency levels must be whole numbers, got {opts.levels}")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per request
+    with make_progress(console) as progress:
+        report = asyncio.run(bench(opts, progress))
+    paths = write_report(report, opts.output_dir)
+    paths += write_plots(report.levels, report.memory, opts.level_name, opts.output_dir)
+    console.print(
+        markdown_table(report.levels, opts.level_name),
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    console.print(f"wrote {', '.join(str(p) for p in paths)}", highlight=False, markup=False)
+    return report

@@ -1,0 +1,104 @@
+"""Per-level summary of a benchmark: percentiles, throughput, errors, real-time streams.
+
+Percentiles use linear interpolation between order statistics (numpy's default). Latency and
+TTFA percentiles cover successful requests only; failures are counted by status. Throughput
+divides by the level's wall time (first send to last byte).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from fishserve.bench.client import RequestRecord
+
+PERCENTILES = (50, 90, 99)
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    """{"p50": ..., "p90": ..., "p99": ...}; None for each when `values` is empty."""
+    if not values:
+        return {f"p{q}": None for q in PERCENTILES}
+    arr = np.asarray(values, dtype=np.float64)
+    return {f"p{q}": float(np.percentile(arr, q)) for q in PERCENTILES}
+
+
+@dataclass
+class LevelSummary:
+    """What one level measured.
+
+    Attributes:
+        level: concurrency, or arrival rate (requests/s) in Poisson mode.
+        requests, ok: requests finished, and those with HTTP 200 and audio.
+        errors: failed requests by status ("429", "503", "timeout", ...).
+        duration_s: wall seconds from the level's first send to its last byte.
+        latency_s, ttfa_s, rtf: percentiles over successful requests.
+        rtf_max: the worst real-time factor.
+        requests_per_min: successful requests per minute of wall time.
+        audio_s_per_s: seconds of audio delivered per wall second (all streams together).
+        frames_per_s: audio frames delivered per wall second (all streams together).
+        stream_frames_per_s: median per-stream frames per second.
+        all_realtime: every successful request had RTF <= 1 (None without successes).
+        stalled_streams: successful streams that fell behind playback at some point.
+        peak_gpu_bytes: largest GPU memory use seen during the level, or None.
+    """
+
+    level: float
+    requests: int
+    ok: int
+    errors: dict[str, int]
+    duration_s: float
+    latency_s: dict[str, float | None]
+    ttfa_s: dict[str, float | None]
+    rtf: dict[str, float | None]
+    rtf_max: float | None
+    requests_per_min: float
+    audio_s_per_s: float
+    frames_per_s: float
+    stream_frames_per_s: float | None
+    all_realtime: bool | None
+    stalled_streams: int
+    peak_gpu_bytes: int | None = None
+
+
+def level_duration(records: list[RequestRecord]) -> float:
+    """Seconds from the first send to the last finish of `records` (0 if empty)."""
+    if not records:
+        return 0.0
+    start = min(r.start_s for r in records)
+    return max(r.start_s + r.latency_s for r in records) - start
+
+
+def summarize(
+    level: float,
+    records: list[RequestRecord],
+    frame_rate: float,
+    peak_gpu_bytes: int | None = None,
+) -> LevelSummary:
+    """Summarize one level's records (`frame_rate`: audio frames per audio second)."""
+    good = [r for r in records if r.ok]
+    duration = level_duration(records)
+    audio = sum(r.audio_s for r in good)
+    rtfs = [r.rtf for r in good if r.rtf is not None]
+    per_stream = [r.frames_per_s(frame_rate) for r in good]
+    rate = 1.0 / duration if duration > 0 else 0.0
+    return LevelSummary(
+        level=level,
+        requests=len(records),
+        ok=len(good),
+        errors=dict(sorted(Counter(r.status for r in records if not r.ok).items())),
+        duration_s=duration,
+        latency_s=percentiles([r.latency_s for r in good]),
+        ttfa_s=percentiles([r.ttfa_s for r in good if r.ttfa_s is not None]),
+        rtf=percentiles(rtfs),
+        rtf_max=max(rtfs) if rtfs else None,
+        requests_per_min=60.0 * len(good) * rate,
+        audio_s_per_s=audio * rate,
+        frames_per_s=audio * frame_rate * rate,
+        stream_frames_per_s=float(np.median(per_stream)) if per_stream else None,
+        all_realtime=all(x <= 1.0 for x in rtfs) if rtfs else None,
+        stalled_streams=sum(1 for r in good if (r.stall_s or 0.0) > 0.0),
+        peak_gpu_bytes=peak_gpu_bytes,
+    )

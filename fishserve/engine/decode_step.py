@@ -1,0 +1,210 @@
+"""The decode step with static shapes, and its CUDA-graph capture per batch-size bucket.
+
+A decode step (every running sequence adds one frame) is a fixed sequence of kernels for a
+given batch size: embed the last frames, run the slow transformer over one position per
+sequence with paged attention, sample the token, run the fast transformer over the codebooks
+and sample them. `CudaGraphDecoder` captures it once per bucket (1, 2, 4, 8, 16, 32, ... up to
+the engine's `max_num_seqs`) at start-up and replays it, padding a batch to the next bucket;
+nothing is captured again while serving (`num_captures` says how many were made).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fishserve.engine.decode_attention import DecodeAttention, DecodeMetadata
+from fishserve.engine.frame import BatchSampling, sample_frame
+from fishserve.engine.kv_cache import PagedKVCache
+from fishserve.engine.sampling import REPETITION_WINDOW
+from fishserve.engine.sequence import Sequence
+from fishserve.models.dual_ar import DualARTransformer
+
+log = logging.getLogger(__name__)
+NULL_BLOCK = 0  # never allocated: padded rows of a captured batch write and read it
+
+
+@dataclass
+class DecodeInputs:
+    """All inputs of a decode step for B sequences (host or device tensors).
+
+    Shapes: columns (B, 1 + nc) int64 last frame; positions, slot_mapping (B,) int64;
+    block_tables (B, max_blocks) int32; context_lens (B,) int32; temperature, top_p, penalty
+    (B,) float32; seeds, segments, frames (B,) int64; windows (B, 1 + nc, 16) int64.
+    """
+
+    columns: Tensor
+    positions: Tensor
+    slot_mapping: Tensor
+    block_tables: Tensor
+    context_lens: Tensor
+    temperature: Tensor
+    top_p: Tensor
+    penalty: Tensor
+    seeds: Tensor
+    segments: Tensor
+    frames: Tensor
+    windows: Tensor
+
+    @classmethod
+    def empty(
+        cls, batch: int, num_rows: int, max_blocks: int, device: torch.device
+    ) -> DecodeInputs:
+        """Neutral inputs of a padded row: null block, context 1, no penalty."""
+        i64, i32, f32 = torch.int64, torch.int32, torch.float32
+
+        def t(shape: tuple, dtype: torch.dtype, fill: float = 0) -> Tensor:
+            return torch.full(shape, fill, dtype=dtype, device=device)
+
+        return cls(
+            columns=t((batch, num_rows), i64),
+            positions=t((batch,), i64),
+            slot_mapping=t((batch,), i64, NULL_BLOCK),
+            block_tables=t((batch, max_blocks), i32),
+            context_lens=t((batch,), i32, 1),
+            temperature=t((batch,), f32, 1.0),
+            top_p=t((batch,), f32, 1.0),
+            penalty=t((batch,), f32, 1.0),
+            seeds=t((batch,), i64),
+            segments=t((batch,), i64),
+            frames=t((batch,), i64),
+            windows=t((batch, num_rows, REPETITION_WINDOW), i64),
+        )
+
+    def copy_rows_(self, other: DecodeInputs, start: int = 0) -> None:
+        """Copy `other`'s rows from `start` on into the same rows of self."""
+        n = other.columns.shape[0]
+        for f in fields(self):
+            dst, src = getattr(self, f.name), getattr(other, f.name)
+            dst[start:n].copy_(src[start:], non_blocking=True)
+
+    def to(self, device: torch.device) -> DecodeInputs:
+        """A copy on `device` (pinned host memory makes the copy asynchronous)."""
+        return DecodeInputs(
+            **{f.name: getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)}
+        )
+
+
+def build_decode_inputs(seqs: list[Sequence], block_size: int, max_blocks: int) -> DecodeInputs:
+    """Host tensors of a decode step for `seqs` (each has its last frame pending)."""
+    b = len(seqs)
+    tables = np.zeros((b, max_blocks), dtype=np.int32)
+    positions = np.empty(b, dtype=np.int64)
+    for i, seq in enumerate(seqs):
+        tables[i, : len(seq.block_table)] = seq.block_table
+        positions[i] = seq.num_computed
+    rows = np.arange(b)
+    slots = tables[rows, positions // block_size].astype(np.int64) * block_size
+    slots += positions % block_size
+
+    def col(values: list, dtype: torch.dtype) -> Tensor:
+        return torch.tensor(values, dtype=dtype)
+
+    return DecodeInputs(
+        columns=torch.stack([seq.frames[-1] for seq in seqs]),
+        positions=torch.from_numpy(positions),
+        slot_mapping=torch.from_numpy(slots),
+        block_tables=torch.from_numpy(tables),
+        context_lens=torch.from_numpy((positions + 1).astype(np.int32)),
+        temperature=col([s.params.temperature for s in seqs], torch.float32),
+        top_p=col([s.params.top_p for s in seqs], torch.float32),
+        penalty=col([s.params.repetition_penalty for s in seqs], torch.float32),
+        seeds=col([s.seed for s in seqs], torch.int64),
+        segments=col([s.segment for s in seqs], torch.int64),
+        frames=col([len(s.frames) for s in seqs], torch.int64),
+        windows=torch.stack([seq.window for seq in seqs]),
+    )
+
+
+def decode_step(
+    model: DualARTransformer, cache: PagedKVCache, inputs: DecodeInputs, use_triton: bool
+) -> Tensor:
+    """One decode step on device tensors; returns frames int64 (B, 1 + nc) (no host sync)."""
+    meta = DecodeMetadata(inputs.slot_mapping, inputs.block_tables, inputs.context_lens)
+    x = model.embed(inputs.columns[:, :, None])
+    attn = DecodeAttention(cache, meta, use_triton)
+    hidden = model.forward_slow(x, inputs.positions[:, None], attn)[:, -1]
+    sampling = BatchSampling(
+        inputs.temperature,
+        inputs.top_p,
+        inputs.penalty,
+        inputs.seeds,
+        inputs.segments,
+        inputs.frames,
+    )
+    return sample_frame(model, hidden, model.slow_logits(hidden), sampling, inputs.windows)
+
+
+def graph_buckets(max_batch: int) -> list[int]:
+    """Captured batch sizes: powers of two below `max_batch`, then `max_batch`."""
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 2
+    return [*sizes, max_batch]
+
+
+class CudaGraphDecoder:
+    """Decode steps replayed from CUDA graphs captured at start-up, one per batch bucket."""
+
+    def __init__(
+        self,
+        model: DualARTransformer,
+        cache: PagedKVCache,
+        max_batch: int,
+        max_blocks: int,
+        use_triton: bool,
+    ) -> None:
+        self.model, self.cache, self.use_triton = model, cache, use_triton
+        self.device = model.embeddings.weight.device
+        self.buckets = graph_buckets(max_batch)
+        rows = model.config.num_codebooks + 1
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, DecodeInputs, Tensor]] = {}
+        self.neutral = {
+            b: DecodeInputs.empty(b, rows, max_blocks, self.device) for b in self.buckets
+        }
+        start = time.perf_counter()
+        for b in reversed(self.buckets):  # largest first: smaller graphs reuse its pool
+            inputs = DecodeInputs.empty(b, rows, max_blocks, self.device)
+            self.graphs[b] = self._capture(inputs)
+        self.num_captures = len(self.graphs)
+        log.info(
+            "captured %d decode CUDA graphs (batch %s) in %.1f s",
+            self.num_captures,
+            self.buckets,
+            time.perf_counter() - start,
+        )
+
+    def _capture(self, inputs: DecodeInputs) -> tuple[torch.cuda.CUDAGraph, DecodeInputs, Tensor]:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(2):  # warm-up: Triton compilation, cuBLAS workspaces
+                decode_step(self.model, self.cache, inputs, self.use_triton)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
+            out = decode_step(self.model, self.cache, inputs, self.use_triton)
+        return graph, inputs, out
+
+    @property
+    def max_batch(self) -> int:
+        """Largest captured batch."""
+        return self.buckets[-1]
+
+    def run(self, host: DecodeInputs) -> Tensor:
+        """Replay the smallest graph that holds `host`'s B rows; frames (B, 1 + nc) on device."""
+        b = host.columns.shape[0]
+        bucket = next(size for size in self.buckets if size >= b)
+        graph, inputs, out = self.graphs[bucket]
+        if bucket > b:  # padded rows: back to neutral values
+            inputs.copy_rows_(self.neutral[bucket], start=b)
+        inputs.copy_rows_(host)
+        graph.replay()
+        return out[:b]

@@ -1,0 +1,53 @@
+"""Load patterns: closed-loop concurrency bound, Poisson arrivals, request and time bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+from fishserve.bench.client import RequestRecord
+from fishserve.bench.load import LevelPlan, poisson_arrivals, run_closed_loop, run_poisson
+
+
+class FakeServer:
+    """Answers after `delay` seconds and tracks how many requests are open at once."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay, self.open, self.most_open, self.started = delay, 0, 0, []
+
+    async def send(self, index: int, t0: float | None) -> RequestRecord:
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        self.started.append(time.perf_counter())
+        await asyncio.sleep(self.delay)
+        self.open -= 1
+        return RequestRecord(index, 0, "x", 0.0, "200", latency_s=self.delay, audio_s=1.0)
+
+
+def test_closed_loop_keeps_exactly_c_in_flight_and_stops_at_the_count():
+    server, done = FakeServer(0.01), []
+    records = asyncio.run(run_closed_loop(LevelPlan(3, 10, 60.0), server.send, done.append))
+    assert [r.index for r in records] == list(range(10))
+    assert server.most_open == 3 and len(done) == 10
+
+
+def test_closed_loop_stops_starting_requests_after_the_duration():
+    server = FakeServer(0.05)
+    records = asyncio.run(run_closed_loop(LevelPlan(1, 1000, 0.12), server.send, lambda r: None))
+    assert 1 <= len(records) <= 4  # 0.05 s each: about 3 start within 0.12 s
+
+
+def test_poisson_arrivals_are_seeded_with_the_right_mean_gap():
+    times = poisson_arrivals(4.0, 2000, seed=1)
+    assert times == poisson_arrivals(4.0, 2000, seed=1)
+    gaps = [b - a for a, b in zip([0.0, *times], times, strict=False)]
+    assert abs(statistics.mean(gaps) - 0.25) < 0.02
+
+
+def test_poisson_runs_open_loop_and_respects_max_inflight():
+    server = FakeServer(0.2)
+    plan = LevelPlan(200.0, 12, 60.0)  # arrivals every ~5 ms, each request takes 200 ms
+    records = asyncio.run(run_poisson(plan, server.send, lambda r: None, seed=0, max_inflight=4))
+    assert sorted(r.index for r in records) == list(range(12))
+    assert server.most_open == 4

@@ -1,0 +1,101 @@
+"""`fishserve bench` against a live tiny-fixture server on 127.0.0.1: a bounded run writes a
+well-formed report without errors, in both modes and both APIs, and from the CLI."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from bench_server import TINY_FRAME_RATE, free_port, tiny_server
+from rich.console import Console
+from typer.testing import CliRunner
+
+from fishserve.bench.report import BenchReport
+from fishserve.bench.run import BenchOptions, run_bench
+from fishserve.bench.workload import RequestShape, builtin_workload
+from fishserve.cli import app
+
+FRAMES = 6  # per request, with ignore_eos: 5 audio frames (the first is not audio)
+SAMPLES_PER_FRAME = 256  # tiny decoder
+EXPECTED_AUDIO_S = (FRAMES - 1) * SAMPLES_PER_FRAME / 44100
+PLOTS = ("latency.png", "throughput.png", "memory.png")
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with tiny_server(tmp_path_factory.mktemp("voices")) as base_url:
+        yield base_url
+
+
+def options(url: str, out: Path, **overrides: object) -> BenchOptions:
+    settings: dict[str, object] = {
+        "url": url,
+        # Short texts only: the tiny model's context is 256 positions.
+        "workload": builtin_workload(("short",), ("en", "zh")),
+        "shape": RequestShape(max_new_tokens=FRAMES, ignore_eos=True),
+        "levels": [1, 3],
+        "num_requests": 6,
+        "duration_s": 20.0,
+        "warmup": 1,
+        "timeout_s": 30.0,
+        "frame_rate": TINY_FRAME_RATE,
+        "poll_interval_s": 0.05,
+        "output_dir": out,
+    }
+    settings.update(overrides)
+    return BenchOptions(**settings)  # type: ignore[arg-type]
+
+
+def check_outputs(out: Path, levels: int) -> dict:
+    data = json.loads((out / "bench.json").read_text())
+    assert len(data["levels"]) == levels
+    for name in PLOTS:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (out / "bench.md").read_text()
+    assert table.count("\n| ") == levels + 1  # header + one row per level
+    return data
+
+
+def assert_clean(report: BenchReport, requests_per_level: int) -> None:
+    for summary in report.levels:
+        assert summary.errors == {} and summary.ok == summary.requests == requests_per_level
+        assert summary.latency_s["p50"] > 0 and summary.requests_per_min > 0
+        assert summary.ttfa_s["p99"] <= summary.latency_s["p99"] + 1e-9
+    for record in report.requests:
+        assert record.ok and record.audio_s == pytest.approx(EXPECTED_AUDIO_S)
+
+
+def test_concurrency_sweep_writes_a_clean_report(url, tmp_path):
+    report = run_bench(options(url, tmp_path), Console(file=None, quiet=True))
+    assert_clean(report, 6)
+    assert [s.level for s in report.levels] == [1, 3]
+    data = check_outputs(tmp_path, 2)
+    assert data["meta"]["server"]["status"] == "ok"
+    assert data["meta"]["server_summary"].startswith("device=cpu")
+    assert data["memory"] and {m["level"] for m in data["memory"]} >= {1, 3}
+    assert all(r["status"] == "200" and r["rtf"] > 0 for r in data["requests"])
+
+
+def test_poisson_mode_and_openai_api(url, tmp_path):
+    shape = RequestShape(api="openai")  # the OpenAI route has no frame cap: one request
+    opts = options(url, tmp_path, mode="poisson", levels=[20.0], num_requests=1, shape=shape)
+    report = run_bench(opts, Console(quiet=True))
+    summary = report.levels[0]
+    assert summary.errors == {} and summary.ok == 1 and report.requests[0].audio_s > 0
+    check_outputs(tmp_path, 1)
+
+
+def test_cli_bench_runs_and_unreachable_server_exits_2(url, tmp_path):
+    args = [
+        "bench", "--url", url, "--concurrency", "2", "--num-requests", "2", "--warmup", "0",
+        "--lengths", "short", "--languages", "en", "--max-new-tokens", str(FRAMES),
+        "--ignore-eos", "--frame-rate", str(TINY_FRAME_RATE), "--output-dir", str(tmp_path),
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert check_outputs(tmp_path, 1)["levels"][0]["ok"] == 2
+    dead = f"http://127.0.0.1:{free_port()}"
+    result = CliRunner().invoke(app, ["bench", "--url", dead, "--output-dir", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "cannot reach" in result.output

@@ -1,0 +1,52 @@
+"""Per-level summaries: percentiles, throughput, errors by status, real-time flag."""
+
+from __future__ import annotations
+
+import pytest
+
+from fishserve.bench.client import RequestRecord
+from fishserve.bench.stats import percentiles, summarize
+
+
+def rec(i: int, latency: float, audio: float, status: str = "200", start: float = 0.0):
+    return RequestRecord(
+        i, 4, "x", start, status, ttfa_s=latency / 4, latency_s=latency, audio_s=audio
+    )
+
+
+def test_percentiles_interpolate_and_handle_empty_input():
+    assert percentiles([1.0, 2.0, 3.0, 4.0, 5.0]) == {
+        "p50": 3.0,
+        "p90": 4.6,
+        "p99": pytest.approx(4.96),
+    }
+    assert percentiles([]) == {"p50": None, "p90": None, "p99": None}
+
+
+def test_summary_counts_throughput_and_errors_by_status():
+    records = [
+        rec(0, 1.0, 2.0),
+        rec(1, 2.0, 4.0, start=1.0),
+        rec(2, 0.1, 0.0, "429"),
+        rec(3, 5.0, 0.0, "timeout"),
+    ]
+    s = summarize(4, records, frame_rate=20.0, peak_gpu_bytes=123)
+    assert (s.requests, s.ok, s.errors) == (4, 2, {"429": 1, "timeout": 1})
+    assert s.duration_s == 5.0  # first send at 0, last finish at 0 + 5
+    assert s.requests_per_min == pytest.approx(60 * 2 / 5)
+    assert s.audio_s_per_s == pytest.approx(6 / 5)
+    assert s.frames_per_s == pytest.approx(6 * 20 / 5)
+    assert s.latency_s["p50"] == 1.5 and s.ttfa_s["p50"] == 0.375
+    assert s.all_realtime is True and s.rtf_max == 0.5
+    assert s.peak_gpu_bytes == 123
+
+
+def test_one_slow_stream_breaks_real_time():
+    s = summarize(1, [rec(0, 1.0, 2.0), rec(1, 3.0, 2.0)], frame_rate=20.0)
+    assert s.all_realtime is False and s.rtf_max == 1.5
+
+
+def test_no_success_gives_empty_percentiles():
+    s = summarize(1, [rec(0, 1.0, 0.0, "503")], frame_rate=20.0)
+    assert s.ok == 0 and s.latency_s["p50"] is None and s.all_realtime is None
+    assert s.requests_per_min == 0
