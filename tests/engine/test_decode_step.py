@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import make_engine, run_engine
+from conftest import load_tiny_model, make_engine, run_engine
 from test_engine import sampled_requests
 
 from fishserve.engine.decode_step import graph_buckets
@@ -74,25 +74,36 @@ KERNEL_CHECK = textwrap.dedent("""
 def test_triton_kernel_matches_torch_in_the_interpreter():
     """Runs the kernel through Triton's CPU interpreter (fp32 queries; the interpreter does
     not emulate bf16 dots)."""
-    cases = [("fp32", "torch.float32"), ("int8", "torch.float32"), ("fp8", "torch.float32"),
-             ("fp16", "torch.float16")]
-    script = KERNEL_CHECK.format(device="cpu", cases="[" + ", ".join(
-        f"({k!r}, {q})" for k, q in cases) + "]")
+    cases = [
+        ("fp32", "torch.float32"),
+        ("int8", "torch.float32"),
+        ("fp8", "torch.float32"),
+        ("fp16", "torch.float16"),
+    ]
+    script = KERNEL_CHECK.format(
+        device="cpu", cases="[" + ", ".join(f"({k!r}, {q})" for k, q in cases) + "]"
+    )
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not (CUDA and HAS_TRITON), reason="needs CUDA and Triton")
 def test_triton_kernel_matches_torch_on_gpu():
-    cases = [(kv, q) for kv in ("bf16", "fp16", "int8", "fp8", "fp32")
-             for q in ("torch.bfloat16", "torch.float32")]
-    script = KERNEL_CHECK.format(device="cuda", cases="[" + ", ".join(
-        f"({k!r}, {q})" for k, q in cases) + "]")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=300)
+    cases = [
+        (kv, q)
+        for kv in ("bf16", "fp16", "int8", "fp8", "fp32")
+        for q in ("torch.bfloat16", "torch.float32")
+    ]
+    script = KERNEL_CHECK.format(
+        device="cuda", cases="[" + ", ".join(f"({k!r}, {q})" for k, q in cases) + "]"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     print(result.stdout)
 
@@ -102,14 +113,9 @@ def test_triton_kernel_matches_torch_on_gpu():
 @pytest.mark.parametrize("eager", [True, False])
 def test_gpu_engine_equals_cpu_engine_in_fp32(tiny_model, tiny_tokenizer, eager):
     """fp32 weights and KV: CUDA graphs + Triton give the CPU path's codes (greedy cases)."""
-    from test_engine import cases as _cases  # noqa: F401 (fixture factory reused below)
-
-    from conftest import load_tiny_model
-
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    requests = [r for r in sampled_requests(4)]
-    cpu = run_engine(make_engine(tiny_model, tiny_tokenizer), requests)
+    cpu = run_engine(make_engine(tiny_model, tiny_tokenizer), sampled_requests(4))
     gpu_model = load_tiny_model().cuda()
     engine = make_engine(gpu_model, tiny_tokenizer, enforce_eager=eager)
     gpu = run_engine(engine, sampled_requests(4))
