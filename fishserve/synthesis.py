@@ -76,6 +76,7 @@ def load_decoder(
     checkpoint: Path | None,
     device: torch.device,
     dummy: bool,
+    dtype: torch.dtype = torch.float32,
 ) -> FireflyGenerator:
     """The Firefly decoder: from `decoder_checkpoint`, else the checkpoint folder's generator
     file, else random weights when `dummy`.
@@ -92,8 +93,8 @@ def load_decoder(
                 f"no decoder weights: pass --decoder-checkpoint or put {DECODER_FILENAME} "
                 "in the checkpoint folder"
             )
-        return load_firefly(None, decoder_config, device=device, load_format="dummy")
-    return load_firefly(decoder_checkpoint, decoder_config, device=device)
+        return load_firefly(None, decoder_config, device=device, dtype=dtype, load_format="dummy")
+    return load_firefly(decoder_checkpoint, decoder_config, device=device, dtype=dtype)
 
 
 def read_codes(path: Path, num_codebooks: int | None = None) -> torch.Tensor:

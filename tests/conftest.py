@@ -15,6 +15,10 @@ import torch
 from safetensors.torch import load_file
 
 from fishserve.models.config import DualARConfig
+
+# One intra-op thread: the engine, decoder and HTTP threads of the server tests would otherwise
+# oversubscribe a 2-core CI machine; results are the same (checked at 1 and 2 threads).
+torch.set_num_threads(1)
 from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.loading import build_model, load_weights
 

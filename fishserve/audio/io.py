@@ -8,6 +8,7 @@ to the model rate (44.1 kHz for Fish Speech 1.5, spec §4.6 step 1).
 from __future__ import annotations
 
 import io
+import logging
 from pathlib import Path
 
 import av
@@ -17,6 +18,7 @@ import soxr
 
 __all__ = ["AudioDecodeError", "AudioTooLongError", "EmptyAudioError", "load_audio", "write_wav"]
 
+log = logging.getLogger(__name__)
 _NPY_MAGIC = b"\x93NUMPY"
 
 
@@ -134,6 +136,8 @@ def _decode_av(data: bytes, label: str, max_seconds: float | None = None) -> tup
     """Decode the first audio stream to ``(channels, samples)`` float32 and its rate in Hz.
 
     Stops with :class:`AudioTooLongError` once more than ``max_seconds`` have been decoded.
+    A packet that fails to decode after some audio has been decoded (junk appended to a valid
+    file) ends the audio there instead of refusing the whole file.
     """
     if not data:
         raise EmptyAudioError(f"{label}: empty input")
@@ -141,16 +145,7 @@ def _decode_av(data: bytes, label: str, max_seconds: float | None = None) -> tup
         with av.open(io.BytesIO(data), mode="r") as container:
             if not container.streams.audio:
                 raise AudioDecodeError(f"{label}: no audio stream found")
-            stream = container.streams.audio[0]
-            resampler = av.AudioResampler(format="fltp")  # keep layout and rate
-            chunks: list[np.ndarray] = []
-            rate = decoded = 0
-            for frame in container.decode(stream):
-                rate = rate or frame.sample_rate
-                decoded += frame.samples
-                _check_duration(decoded, rate, max_seconds, label)
-                chunks.extend(f.to_ndarray() for f in resampler.resample(frame))
-            chunks.extend(f.to_ndarray() for f in resampler.resample(None))
+            chunks, rate = _decode_frames(container, label, max_seconds)
     except AudioDecodeError:
         raise
     except (av.error.FFmpegError, ValueError, OSError, RuntimeError) as exc:
@@ -160,3 +155,25 @@ def _decode_av(data: bytes, label: str, max_seconds: float | None = None) -> tup
     if len({c.shape[0] for c in chunks}) != 1:
         raise AudioDecodeError(f"{label}: channel count changes inside the stream")
     return np.concatenate(chunks, axis=1).astype(np.float32, copy=False), rate
+
+
+def _decode_frames(
+    container: av.container.InputContainer, label: str, max_seconds: float | None
+) -> tuple[list[np.ndarray], int]:
+    """``(channels, n)`` float arrays of the first audio stream and its rate; see `_decode_av`."""
+    stream = container.streams.audio[0]
+    resampler = av.AudioResampler(format="fltp")  # keep layout and rate
+    chunks: list[np.ndarray] = []
+    rate = decoded = 0
+    try:
+        for frame in container.decode(stream):
+            rate = rate or frame.sample_rate
+            decoded += frame.samples
+            _check_duration(decoded, rate, max_seconds, label)
+            chunks.extend(f.to_ndarray() for f in resampler.resample(frame))
+    except (av.error.FFmpegError, OSError) as exc:
+        if not chunks:
+            raise
+        log.warning("%s: audio ends at a packet that cannot be decoded (%s)", label, exc)
+    chunks.extend(f.to_ndarray() for f in resampler.resample(None))
+    return chunks, rate

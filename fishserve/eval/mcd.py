@@ -50,11 +50,18 @@ def power_spectrogram(wave: np.ndarray) -> np.ndarray:
 
 @functools.lru_cache(maxsize=4)
 def mel_filter_bank(sample_rate: int) -> np.ndarray:
-    """(N_MELS, N_FFT // 2 + 1) mel filter bank from librosa (Slaney scale and norm)."""
+    """(N_MELS, N_FFT // 2 + 1) mel filter bank (Slaney scale and norm).
+
+    From librosa when it imports; otherwise the same Slaney filter bank of the Firefly front end
+    (`slaney_mel_filterbank`, float32 arithmetic), which agrees with librosa to ~1e-7.
+    """
     try:
         from librosa.filters import mel
-    except ImportError as exc:
-        raise ImportError("MCD needs librosa: pip install -e '.[bench]'") from exc
+    except Exception:  # librosa missing or broken (e.g. a numba mismatch)
+        from fishserve.models.firefly.spectrogram import slaney_mel_filterbank
+
+        bank = slaney_mel_filterbank(N_FFT // 2 + 1, N_MELS, sample_rate)
+        return bank.double().numpy().T
     return mel(sr=sample_rate, n_fft=N_FFT, n_mels=N_MELS, dtype=np.float64)
 
 

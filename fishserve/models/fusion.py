@@ -19,6 +19,8 @@ from typing import TypeVar
 import torch
 
 log = logging.getLogger(__name__)
+# One compiled graph per dtype and per size-1 specialisation; evaluation runs many dtypes.
+torch._dynamo.config.recompile_limit = 64
 
 F = TypeVar("F", bound=Callable)
 
@@ -45,8 +47,12 @@ def gpu_fused(fn: F) -> F:
             return compiled(*args, **kwargs)
         except Exception as exc:  # a compiler bug must not take the server down
             failed = True
-            log.warning("fusing %s failed (%s: %s); it runs unfused", fn.__name__,
-                        type(exc).__name__, str(exc).splitlines()[0][:200])
+            log.warning(
+                "fusing %s failed (%s: %s); it runs unfused",
+                fn.__name__,
+                type(exc).__name__,
+                str(exc).splitlines()[0][:200],
+            )
             return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]

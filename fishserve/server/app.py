@@ -6,13 +6,28 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fishserve.server.config import ServerConfig
-from fishserve.server.errors import HANDLED, error_response, handle_any
+from fishserve.server.errors import (
+    HANDLED,
+    BodyTooLargeError,
+    StreamAbortedError,
+    error_response,
+    handle_any,
+    handle_http,
+    log_stream_failure,
+    log_unexpected,
+    response_for,
+)
 from fishserve.server.routes_admin import router as admin_router
 from fishserve.server.routes_tts import router as tts_router
 from fishserve.server.runtime import Runtime, build_runtime
@@ -21,6 +36,8 @@ from fishserve.server.state import ServerState
 log = logging.getLogger(__name__)
 # Reachable without the API key: load balancers and scrapers.
 OPEN_PATHS = frozenset({"/health", "/v1/health", "/metrics"})
+# Set in the task of a request whose response was ended on purpose (already logged).
+_ABORTED: ContextVar[bool] = ContextVar("fishserve_response_aborted", default=False)
 
 
 def create_app(
@@ -51,25 +68,110 @@ def create_app(
     app.include_router(admin_router)
     for kind in HANDLED:
         app.add_exception_handler(kind, handle_any)
-    app.middleware("http")(_limits(config))
+    app.add_exception_handler(HTTPException, handle_http)
+    app.add_middleware(GuardMiddleware, state=state)
+    _quiet_uvicorn_abort_line()
     return app
 
 
-def _limits(config: ServerConfig) -> Callable[[Request, Callable], Awaitable[Response]]:
-    """Middleware: bearer API key (when set) and the request body size limit (413)."""
+class GuardMiddleware:
+    """Pure ASGI middleware (not `BaseHTTPMiddleware`, which hides client disconnects from
+    the routes and turns a failing streamed body into a clean end).
 
-    async def middleware(request: Request, call_next: Callable) -> Response:
-        if config.api_key and request.url.path not in OPEN_PATHS:
-            given = request.headers.get("authorization", "")
+    * 401 without the bearer API key (when set), except on `OPEN_PATHS`;
+    * 413 when Content-Length, or the bytes received so far, exceed `max_body_bytes`
+      (chunked uploads included);
+    * an exception no handler took: logged with its traceback, JSON 500;
+    * an exception after the response started (a stream failing part-way): one log line, and
+      the connection is closed without the terminating chunk;
+    * a client gone mid-request (`ClientDisconnect`): nothing to answer, nothing logged.
+    """
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            self.state.metrics.refused(refusal.status_code)
+            await refusal(scope, receive, send)
+            return
+        call = _Call(receive, send, self.state.config.max_body_bytes)
+        try:
+            await self.app(scope, call.receive, call.send)
+        except Exception as exc:
+            await self._failed(scope, call, exc)
+
+    def _refusal(self, scope: Scope) -> Response | None:
+        config = self.state.config
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if config.api_key and scope["path"] not in OPEN_PATHS:
+            given = headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
                 return error_response(401, "missing or wrong API key (Authorization: Bearer)")
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > config.max_body_bytes:
             return error_response(
                 413,
                 f"request body of {length} bytes exceeds the limit of "
                 f"{config.max_body_bytes} bytes",
             )
-        return await call_next(request)
+        return None
 
-    return middleware
+    async def _failed(self, scope: Scope, call: _Call, exc: Exception) -> None:
+        where = f"{scope['method']} {scope['path']}"
+        if isinstance(exc, ClientDisconnect):
+            log.debug("%s: client disconnected", where)
+        elif call.started:
+            if not isinstance(exc, StreamAbortedError):  # not yet logged
+                log_stream_failure(exc, where)
+            _ABORTED.set(True)  # returning without the final body message aborts the response
+        elif isinstance(exc, BodyTooLargeError):  # raised where no handler saw it
+            await error_response(413, str(exc.detail))(scope, call.receive, call.send)
+        else:
+            log_unexpected(exc, where)
+            await response_for(exc)(scope, call.receive, call.send)
+
+
+class _Call:
+    """The receive/send pair of one request: counts body bytes (413 past `limit`) and notes
+    whether the response has started."""
+
+    def __init__(self, receive: Receive, send: Send, limit: int) -> None:
+        self._receive, self._send, self.limit = receive, send, limit
+        self.received = 0
+        self.started = False
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            if self.received > self.limit:
+                raise BodyTooLargeError(self.limit)
+        return message
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
+
+
+class _AbortFilter(logging.Filter):
+    """Drops uvicorn's "ASGI callable returned without completing response." for responses
+    `GuardMiddleware` ended on purpose: the reason has been logged already."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_ABORTED.get() and str(record.msg).startswith("ASGI callable returned"))
+
+
+_ABORT_FILTER = _AbortFilter()
+
+
+def _quiet_uvicorn_abort_line() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if _ABORT_FILTER not in logger.filters:
+        logger.addFilter(_ABORT_FILTER)

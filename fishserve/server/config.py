@@ -40,7 +40,7 @@ class ServerConfig(BaseModel):
     # audio
     first_chunk_frames: int = Field(10, ge=1)
     chunk_frames: int = Field(64, ge=1)
-    max_decode_batch: int = Field(32, ge=1)
+    max_decode_batch: int = Field(16, ge=1)
     max_reference_seconds: float = Field(30.0, gt=0)
     # HTTP
     host: str = "127.0.0.1"

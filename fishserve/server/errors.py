@@ -2,23 +2,33 @@
 
 Body: `{"statusCode": 4xx, "message": "...", "error": {"message", "type", "param", "code"}}`:
 Fish Speech clients read `statusCode`/`message`, OpenAI SDKs read `error.message`.
+
+Expected failures (bad input, busy, engine failures already logged by the engine) answer
+quietly; anything else is a bug: a 500 whose traceback is logged once.
 """
 
 from __future__ import annotations
+
+import logging
+import re
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 
 from fishserve.audio.io import AudioDecodeError
 from fishserve.engine.async_engine import EngineBusyError, EngineDeadError
 from fishserve.engine.engine import KVPoolTooSmallError
 from fishserve.engine.reference import PromptTooLongError
-from fishserve.server.service import SynthesisError, SynthesisTimeoutError
+from fishserve.server.service import ContextFullError, SynthesisError, SynthesisTimeoutError
 from fishserve.server.voices import InvalidVoiceIdError, VoiceExistsError, VoiceNotFoundError
 
+log = logging.getLogger(__name__)
 RETRY_AFTER_SECONDS = "2"
+# Starlette's multipart/form parser refuses an oversized part or field with a 400 saying this.
+_PART_TOO_LARGE = re.compile(r"exceeded maximum size")
 
 
 class ApiError(ValueError):
@@ -35,6 +45,21 @@ class ApiError(ValueError):
         self.status, self.message, self.param, self.headers = status, message, param, headers
 
 
+class BodyTooLargeError(HTTPException):
+    """The request body grew past `max_body_bytes` while it was received (HTTP 413).
+
+    An `HTTPException` so that FastAPI's form parsing passes it on instead of answering 400.
+    """
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body exceeds the limit of {limit} bytes")
+
+
+class StreamAbortedError(Exception):
+    """Raised by a streaming body that failed after the response started (already logged):
+    the connection is closed without the terminating chunk, so the client sees the failure."""
+
+
 _STATUS: list[tuple[type[Exception], int]] = [
     (VoiceNotFoundError, 404),
     (VoiceExistsError, 409),
@@ -45,19 +70,21 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (EngineBusyError, 429),
     (EngineDeadError, 503),
     (SynthesisTimeoutError, 504),
+    (ContextFullError, 400),
     (SynthesisError, 500),
     (ValueError, 400),
 ]
+# 5xx failures that are not bugs: the engine or the decoder has logged the cause already.
+_QUIET_SERVER_ERRORS = (SynthesisError, EngineDeadError)
 
 
-# Exception types given our JSON error body. Registered by class (not as a catch-all for
-# Exception) so that expected errors are not logged as crashes; anything else is a logged 500.
+# Exception types given our JSON error body by `handle_any` (Starlette's ExceptionMiddleware).
+# Anything else reaches `GuardMiddleware` in app.py, which logs it and answers 500.
 HANDLED: tuple[type[Exception], ...] = (
     RequestValidationError,
     ValueError,
     RuntimeError,
     VoiceNotFoundError,
-    Exception,
 )
 
 
@@ -76,10 +103,38 @@ def error_response(
 
 def status_of(exc: Exception) -> int:
     """HTTP status for an exception raised while serving a request."""
+    if isinstance(exc, ApiError):
+        return exc.status
     for kind, status in _STATUS:
         if isinstance(exc, kind):
             return status
     return 500
+
+
+def is_expected(exc: Exception) -> bool:
+    """Whether `exc` is an anticipated failure rather than a bug (which gets a traceback)."""
+    return status_of(exc) != 500 or isinstance(exc, (ApiError, *_QUIET_SERVER_ERRORS))
+
+
+def public_message(exc: Exception) -> str:
+    """What the client is told: the message of expected errors, only the type of bugs."""
+    return str(exc) if is_expected(exc) else f"internal error: {type(exc).__name__}"
+
+
+def log_unexpected(exc: Exception, where: str) -> None:
+    """Log `exc` with its traceback unless it is an expected failure."""
+    if not is_expected(exc):
+        log.error("internal error in %s: %s: %s", where, type(exc).__name__, exc, exc_info=exc)
+
+
+def log_stream_failure(exc: Exception, where: str) -> str:
+    """Log one line for a stream that failed after its response started (a traceback only
+    for bugs); returns the message for the client."""
+    if is_expected(exc):
+        log.warning("%s failed after the response started: %s", where, exc)
+    else:
+        log_unexpected(exc, where)
+    return public_message(exc)
 
 
 def response_for(exc: Exception) -> JSONResponse:
@@ -88,27 +143,47 @@ def response_for(exc: Exception) -> JSONResponse:
         return error_response(exc.status, exc.message, exc.param, exc.headers)
     status = status_of(exc)
     headers = {"Retry-After": RETRY_AFTER_SECONDS} if status in (429, 503) else None
-    message = (
-        str(exc)
-        if status != 500 or isinstance(exc, SynthesisError)
-        else (f"internal error: {type(exc).__name__}")
-    )
-    return error_response(status, message, headers=headers)
+    return error_response(status, public_message(exc), headers=headers)
 
 
 def validation_message(exc: ValidationError | RequestValidationError) -> tuple[str, str | None]:
-    """One readable line naming the invalid fields, and the first field's name."""
+    """One readable line naming the invalid fields, and the first field's name (None when
+    the body as a whole is invalid)."""
     parts, first = [], None
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"] if x != "body")
-        first = first or loc
+        first = first or loc or None
         parts.append(f"{loc or 'body'}: {err['msg']}")
     return "; ".join(parts), first
 
 
+def _count_refusal(request: Request, status: int) -> None:
+    state = getattr(request.app.state, "server", None)
+    if state is not None:
+        state.metrics.refused(status)
+
+
 async def handle_any(request: Request, exc: Exception) -> JSONResponse:
-    """FastAPI exception handler for every exception type."""
+    """FastAPI exception handler for the `HANDLED` types; logs bugs, counts refusals."""
     if isinstance(exc, ValidationError | RequestValidationError):
         message, param = validation_message(exc)
+        _count_refusal(request, 422)
         return error_response(422, message, param)
-    return response_for(exc)
+    log_unexpected(exc, f"{request.method} {request.url.path}")
+    response = response_for(exc)
+    if not isinstance(exc, SynthesisError):  # counted by stream_audio
+        _count_refusal(request, response.status_code)
+    return response
+
+
+async def handle_http(request: Request, exc: HTTPException) -> JSONResponse:
+    """Starlette's own errors (404/405 routing, 413 body limit, bad multipart) in our shape.
+
+    An oversized multipart part is a 413, not Starlette's 400.
+    """
+    status, message = exc.status_code, str(exc.detail)
+    if status == 400 and _PART_TOO_LARGE.search(message):
+        status = 413
+    if status not in (404, 405):  # a route miss is not a refused request
+        _count_refusal(request, status)
+    return error_response(status, message, headers=exc.headers)

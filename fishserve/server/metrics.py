@@ -70,7 +70,8 @@ class Metrics:
         )
         self.failure = Counter(
             "fishserve:request_failure_total",
-            "Refused or failed requests by reason.",
+            "Refused or failed requests by reason: invalid (4xx), busy (429), overloaded "
+            "(503), error, timeout, cancelled (client gone).",
             ["reason"],
             registry=r,
         )
@@ -87,6 +88,15 @@ class Metrics:
         ):
             counter.inc(max(value - self._seen[name], 0))
             self._seen[name] = value
+
+    def refused(self, status: int) -> None:
+        """Count a request refused with HTTP `status`: 429 busy, 503 overloaded, other 4xx
+        invalid (other statuses are not refusals)."""
+        reason = {429: "busy", 503: "overloaded"}.get(status)
+        if reason is None and 400 <= status < 500:
+            reason = "invalid"
+        if reason is not None:
+            self.failure.labels(reason=reason).inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

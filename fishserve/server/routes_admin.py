@@ -10,7 +10,7 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
 
 from fishserve.server.errors import ApiError
-from fishserve.server.routes_tts import parse_body
+from fishserve.server.routes_tts import DEFAULT_VOICE, parse_body
 from fishserve.server.schemas import ReferenceIdBody
 from fishserve.server.state import ServerState
 from fishserve.server.voices import validate_voice_id
@@ -32,10 +32,12 @@ async def add_reference(
     """Store a voice: multipart `id`, `audio` (any common container), `text` (transcript).
 
     The audio is encoded first, so undecodable, silent or too-long audio is refused (400)
-    and never stored.
+    and never stored. The id "default" is reserved (OpenAI's `voice` for no reference).
     """
     state = _state(request)
     validate_voice_id(id)
+    if id == DEFAULT_VOICE:
+        raise ApiError(400, f"voice id {DEFAULT_VOICE!r} is reserved (it means no reference)", "id")
     data = await audio.read()
     if not data:
         raise ApiError(400, "audio file is empty", "audio")
@@ -56,9 +58,13 @@ async def list_references(request: Request) -> JSONResponse:
 @router.delete("/v1/references/delete")
 async def delete_reference(request: Request) -> JSONResponse:
     """Remove a stored voice: body `{"reference_id": ...}` (or `id`), or `?reference_id=`."""
-    voice_id = request.query_params.get("reference_id") or request.query_params.get("id")
+    query = request.query_params
+    voice_id = query.get("reference_id", query.get("id"))
     if voice_id is None:
-        voice_id = ReferenceIdBody.model_validate(await parse_body(request)).reference_id
+        body = await parse_body(request)
+        voice_id = None if body is None else ReferenceIdBody.model_validate(body).reference_id
+    if not voice_id:
+        raise ApiError(400, "reference_id is required", "reference_id")
     await asyncio.to_thread(_state(request).voices.delete, voice_id)
     return JSONResponse({"success": True, "message": "reference deleted", "reference_id": voice_id})
 
@@ -111,8 +117,8 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
     return report, 503 if status == "unhealthy" else 200
 
 
-@router.api_route("/v1/health", methods=["GET", "POST"])
-@router.get("/health")
+@router.api_route("/v1/health", methods=["GET", "HEAD", "POST"])
+@router.api_route("/health", methods=["GET", "HEAD"])
 async def health(request: Request) -> JSONResponse:
     """Status, queue sizes, KV cache occupancy, GPU memory, model config."""
     report, status = health_report(_state(request))

@@ -41,6 +41,11 @@ class Runtime:
         return self.decoder.config.sample_rate
 
     @property
+    def max_seq_len(self) -> int:
+        """Positions of the model's context (prompt + generated frames of one segment)."""
+        return self.engine.engine.model.config.max_seq_len
+
+    @property
     def frame_rate(self) -> float:
         """Code frames per second of audio (21.53 for the release)."""
         return self.sample_rate / self.decoder.config.frame_samples
@@ -69,6 +74,19 @@ class Runtime:
         }
 
 
+# Decoder activation bytes per output sample per byte of weight dtype, measured on an H200 with
+# `fishserve bench-decoder` (bf16, 32 jobs of 79 frames: 1.85 GiB peak; docs/benchmarks.md).
+DECODER_BYTES_PER_SAMPLE_PER_ELEM = 180
+
+
+def decoder_workspace_bytes(decoder: FireflyGenerator, policy: ChunkPolicy, max_batch: int) -> int:
+    """Decoder weights plus the activation peak of its largest batched call, in bytes."""
+    elem = torch.empty((), dtype=decoder.dtype).element_size()
+    samples = policy.max_decode_frames(decoder.config) * decoder.config.frame_samples
+    weights = sum(p.numel() * p.element_size() for p in decoder.parameters())
+    return weights + max_batch * samples * DECODER_BYTES_PER_SAMPLE_PER_ELEM * elem
+
+
 def build_runtime(config: ServerConfig) -> Runtime:
     """Load the models and start the engine and decoder threads.
 
@@ -86,9 +104,17 @@ def build_runtime(config: ServerConfig) -> Runtime:
         dtype=weight_dtype,
         load_format="dummy" if dummy else "auto",
     )
+    # bf16/fp16 decoding on the GPU: faster and half the workspace (docs/benchmarks.md).
+    decoder_dtype = weight_dtype if device.type == "cuda" else torch.float32
     decoder = load_decoder(
-        config.decoder_checkpoint, config.decoder_config, config.checkpoint, device, dummy
+        config.decoder_checkpoint,
+        config.decoder_config,
+        config.checkpoint,
+        device,
+        dummy,
+        decoder_dtype,
     )
+    policy = ChunkPolicy(config.first_chunk_frames, config.chunk_frames)
     budget = parse_memory_size(config.memory_budget) if config.memory_budget else None
     engine = LLMEngine(
         model,
@@ -100,6 +126,9 @@ def build_runtime(config: ServerConfig) -> Runtime:
             max_num_batched_tokens=config.max_num_batched_tokens,
             memory_budget=budget,
             num_kv_blocks=config.num_kv_blocks,
+            decoder_workspace_bytes=decoder_workspace_bytes(
+                decoder, policy, config.max_decode_batch
+            ),
         ),
     )
     runtime = Runtime(
@@ -107,7 +136,7 @@ def build_runtime(config: ServerConfig) -> Runtime:
         decoder=decoder,
         decode_worker=DecodeWorker(decoder, config.max_decode_batch),
         references=ReferenceEncoder(decoder, max_seconds=config.max_reference_seconds),
-        chunk_policy=ChunkPolicy(config.first_chunk_frames, config.chunk_frames),
+        chunk_policy=policy,
         device=device,
         weight_dtype=weight_dtype,
     )

@@ -60,7 +60,8 @@ class TTSRequest(BaseModel):
     use_memory_cache: Literal["on", "off"] = "off"
     normalize: bool = True
     streaming: bool = False
-    max_new_tokens: Annotated[int, Field(ge=1, le=8192)] = 1024
+    # Frames per segment; the first frame of a segment is never audio (spec §6.2), so >= 2.
+    max_new_tokens: Annotated[int, Field(ge=2, le=8192)] = 1024
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 0.7
     repetition_penalty: Annotated[float, Field(ge=0.9, le=2.0)] = 1.2
     temperature: Annotated[float, Field(ge=0.0, le=1.0)] = 0.7

@@ -4,6 +4,11 @@ The engine thread generates frames; this coroutine feeds them to the request's
 `StreamingDecoder`, hands ready chunks to the shared decoder thread, and yields float32 audio
 chunks in order. Leaving the iteration early (client gone, timeout, error) cancels the
 request in the engine, which frees its KV blocks before its next step.
+
+Metrics: a request that ends with all its audio counts as `request_success_total
+{finished_reason="stop"}` (and logs "request done"); any other end counts as
+`request_failure_total` with reason "error", "timeout", "invalid" (the text does not fit the
+model's context) or "cancelled" (the caller stopped iterating: client gone).
 """
 
 from __future__ import annotations
@@ -17,13 +22,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fishserve.audio.streaming import StreamingDecoder
-from fishserve.engine.engine import GenerationRequest
+from fishserve.engine.engine import EngineEvent, GenerationRequest
 from fishserve.models.prompt import Reference
 from fishserve.server.metrics import Metrics
 from fishserve.server.runtime import Runtime
 from fishserve.server.voices import VoiceStore
 
 log = logging.getLogger(__name__)
+# The engine reports a later segment whose prompt cannot run (its PromptTooLongError or
+# KVPoolTooSmallError) only as the error message of the finish event; both start like this.
+_PROMPT_ERROR_PREFIX = "prompt of "
 
 
 class SynthesisError(RuntimeError):
@@ -31,7 +39,12 @@ class SynthesisError(RuntimeError):
 
 
 class SynthesisTimeoutError(SynthesisError):
-    """The request ran past the server's request timeout (HTTP 504)."""
+    """The request ran past the server's request timeout, queued or running (HTTP 504)."""
+
+
+class ContextFullError(SynthesisError):
+    """A segment's prompt leaves no room for audio in the model's context: an input problem
+    (HTTP 400 if nothing was sent yet)."""
 
 
 @dataclass
@@ -49,6 +62,7 @@ class Synthesis:
     arrival: float = field(default_factory=time.monotonic)
     first_frame: float | None = None
     first_audio: float | None = None
+    audio_frames: int = 0
     audio_samples: int = 0
 
 
@@ -79,41 +93,81 @@ async def stream_audio(
 
     Raises (from `submit`, before anything is yielded): EngineBusyError, EngineDeadError,
     ValueError subclasses for invalid requests. While streaming: SynthesisError,
-    SynthesisTimeoutError.
+    SynthesisTimeoutError (also while the request is still queued), ContextFullError (no
+    audio at all, or a later segment does not fit the context).
     """
     timing = Synthesis()
     stream = runtime.engine.submit(request, asyncio.get_running_loop())
     decoder = StreamingDecoder(runtime.decoder, runtime.chunk_policy)
-    deadline = timing.arrival + timeout
-    finished = False
+    events = aiter(stream)
+    outcome = "cancelled"
     try:
-        async for event in stream:
-            if time.monotonic() > deadline:
-                raise SynthesisTimeoutError(f"request exceeded the {timeout:.0f} s timeout")
+        finished = False
+        while not finished:
+            event = await _next_event(events, timing.arrival + timeout, timeout)
+            finished = event.finished
             if event.codes is not None:
                 timing.first_frame = timing.first_frame or time.monotonic()
+                timing.audio_frames += 1
                 decoder.push(event.codes)
-            if event.finished:
-                finished = True
-                _check_finish(event.finish_reason, event.error)
+            if finished:
+                _check_finish(event, timing, runtime.max_seq_len)
                 decoder.close()
             while (job := decoder.next_job()) is not None:
                 audio = await asyncio.wrap_future(runtime.decode_worker.submit(job))
                 _record_audio(timing, metrics, audio)
                 yield audio
+        outcome = "stop"
+    except Exception as exc:
+        outcome = _failure_reason(exc)
+        raise
     finally:
-        if not finished:
-            runtime.engine.cancel(request.request_id)
-            metrics.failure.labels(reason="cancelled").inc()
-        else:
+        if outcome == "stop":
             _record_finish(timing, metrics, runtime.sample_rate)
+        else:
+            runtime.engine.cancel(request.request_id)
+            metrics.failure.labels(reason=outcome).inc()
 
 
-def _check_finish(reason: str | None, error: str | None) -> None:
-    if reason == "error":
-        raise SynthesisError(error or "generation failed")
-    if reason == "cancelled":
-        raise SynthesisError(error or "request cancelled")
+async def _next_event(
+    events: AsyncIterator[EngineEvent], deadline: float, timeout: float
+) -> EngineEvent:
+    """The next engine event, waiting at most until `deadline` (monotonic seconds).
+
+    Raises:
+        SynthesisTimeoutError: the deadline passed (queued or running).
+    """
+    remaining = deadline - time.monotonic()
+    try:
+        if remaining <= 0:
+            raise TimeoutError
+        async with asyncio.timeout(remaining):
+            return await anext(events)
+    except TimeoutError:
+        raise SynthesisTimeoutError(f"request exceeded the {timeout:g} s timeout") from None
+
+
+def _check_finish(event: EngineEvent, timing: Synthesis, max_seq_len: int) -> None:
+    if event.finish_reason == "error":
+        message = event.error or "generation failed"
+        if message.startswith(_PROMPT_ERROR_PREFIX):
+            raise ContextFullError(f"the text does not fit the model's context: {message}")
+        raise SynthesisError(message)
+    if event.finish_reason == "cancelled":
+        raise SynthesisError(event.error or "request cancelled")
+    if timing.audio_frames == 0:  # max_new_tokens >= 2: the prompt left room for 1 frame only
+        raise ContextFullError(
+            f"the text and references leave no room for audio in the model's "
+            f"{max_seq_len}-position context; shorten them"
+        )
+
+
+def _failure_reason(exc: Exception) -> str:
+    if isinstance(exc, SynthesisTimeoutError):
+        return "timeout"
+    if isinstance(exc, ContextFullError):
+        return "invalid"
+    return "error"
 
 
 def _record_audio(timing: Synthesis, metrics: Metrics, audio: np.ndarray) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 from fishserve.server.config import ServerConfig
 from fishserve.server.metrics import Metrics
@@ -50,15 +50,22 @@ class ServerState:
         if runtime is not None:
             await asyncio.to_thread(runtime.shutdown)
 
-    @asynccontextmanager
-    async def request(self) -> AsyncIterator[Runtime]:
-        """Count an active request for idle tracking and give it the runtime."""
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        """Count an active request (or response stream) for idle tracking; the idle clock
+        restarts when it ends."""
         self.active_requests += 1
         try:
-            yield await self.load()
+            yield
         finally:
             self.active_requests -= 1
             self.last_activity = time.monotonic()
+
+    @asynccontextmanager
+    async def request(self) -> AsyncIterator[Runtime]:
+        """Count an active request for idle tracking and give it the runtime."""
+        with self.busy():
+            yield await self.load()
 
     async def watch_idle(self) -> None:
         """Unload the models after `idle_unload_seconds` without requests (runs forever)."""

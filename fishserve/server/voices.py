@@ -65,7 +65,8 @@ class VoiceStore:
         self._lock = threading.Lock()
 
     def list(self) -> list[str]:
-        """Sorted ids of the stored voices (folders holding an audio file)."""
+        """Sorted ids of the stored voices (folders holding an audio file); a voice deleted
+        meanwhile may or may not be listed, never an error."""
         return sorted(
             p.name
             for p in self.root.iterdir()
@@ -73,19 +74,23 @@ class VoiceStore:
         )
 
     def get(self, voice_id: str) -> StoredVoice:
-        """Read a voice.
+        """Read a voice (under the lock, so a concurrent `delete` cannot remove it mid-read).
 
         Raises:
             InvalidVoiceIdError: unsafe id.
-            VoiceNotFoundError: no such voice.
+            VoiceNotFoundError: no such voice (also when its files vanish while reading).
         """
         folder = self.root / validate_voice_id(voice_id)
-        audio = self._audio_file(folder) if folder.is_dir() else None
-        if audio is None:
-            raise VoiceNotFoundError(f"voice {voice_id!r} not found; stored: {self.list()}")
-        lab = audio.with_suffix(".lab")
-        text = lab.read_text(encoding="utf-8").strip() if lab.is_file() else ""
-        return StoredVoice(voice_id, audio.read_bytes(), text)
+        with self._lock:
+            try:
+                audio = self._audio_file(folder)
+                if audio is not None:
+                    lab = audio.with_suffix(".lab")
+                    text = lab.read_text(encoding="utf-8").strip() if lab.is_file() else ""
+                    return StoredVoice(voice_id, audio.read_bytes(), text)
+            except FileNotFoundError:
+                pass
+        raise self._not_found(voice_id)
 
     def add(self, voice_id: str, audio: bytes, text: str, suffix: str = ".wav") -> None:
         """Store a voice (the caller has validated the audio).
@@ -115,10 +120,20 @@ class VoiceStore:
         folder = self.root / validate_voice_id(voice_id)
         with self._lock:
             if not folder.is_dir():
-                raise VoiceNotFoundError(f"voice {voice_id!r} not found")
+                raise self._not_found(voice_id)
             shutil.rmtree(folder)
+
+    def _not_found(self, voice_id: str) -> VoiceNotFoundError:
+        count = len(self.list())
+        return VoiceNotFoundError(
+            f"voice {voice_id!r} not found ({count} stored; GET /v1/references/list names them)"
+        )
 
     @staticmethod
     def _audio_file(folder: Path) -> Path | None:
-        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES)
+        """The folder's audio file; None if it has none or is not (or no longer) a folder."""
+        try:
+            files = sorted(p for p in folder.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
         return files[0] if files else None

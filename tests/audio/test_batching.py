@@ -18,7 +18,7 @@ from fishserve.audio.streaming import ChunkPolicy, StreamingDecoder
 from fishserve.models.firefly import FireflyGenerator, load_firefly
 
 TINY = Path(__file__).resolve().parents[1] / "fixtures" / "tiny_decoder"
-BATCH_TOL = 1e-6  # measured ~4e-8
+BATCH_TOL = 1e-5  # measured ~4e-8; margin for thread-count-dependent conv rounding
 
 
 @pytest.fixture(scope="module")

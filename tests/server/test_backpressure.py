@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 from conftest import LiveServer, tiny_server_config
+
+from fishserve.engine.engine import GenerationRequest
 
 LONG = {
     "text": "Keep the engine busy.",
@@ -14,6 +17,10 @@ LONG = {
     "streaming": True,
     "format": "pcm",
 }
+
+
+def metrics(live: LiveServer) -> str:
+    return httpx.get(live.url + "/metrics").text
 
 
 def hold_stream(url: str, stop: threading.Event) -> None:
@@ -44,6 +51,7 @@ def test_queue_overflow_gives_429_with_retry_after(tmp_path):
             assert busy.status_code == 429, busy.text
             assert busy.headers["retry-after"]
             assert httpx.get(live.url + "/health").json()["status"] == "busy"
+            assert 'request_failure_total{reason="busy"} 1.0' in metrics(live)
         finally:
             stop.set()
             for t in holders:
@@ -55,6 +63,27 @@ def test_critical_memory_gives_503(tmp_path):
         live.state.runtime.memory_critical = lambda: True
         response = httpx.post(live.url + "/v1/tts", json={"text": "Hi."}, timeout=60)
         assert response.status_code == 503 and response.headers["retry-after"]
+        assert httpx.post(live.url + "/v1/tts", json={"text": ""}).status_code == 422
+        text = metrics(live)
+        assert 'request_failure_total{reason="overloaded"} 1.0' in text
+        assert 'request_failure_total{reason="invalid"} 1.0' in text
+
+
+def test_timeout_also_while_queued(tmp_path):
+    config = tiny_server_config(tmp_path, max_num_seqs=1, request_timeout=0.5)
+    with LiveServer(config) as live:
+        engine = live.state.runtime.engine
+        holder = GenerationRequest("Hold the only slot.", max_new_tokens=200, ignore_eos=True)
+        events = iter(engine.submit(holder))
+        next(events)  # running: anything else waits
+        try:
+            start = time.monotonic()
+            queued = httpx.post(live.url + "/v1/tts", json={"text": "Wait."}, timeout=60)
+            assert queued.status_code == 504, queued.text
+            assert time.monotonic() - start < 1.2  # not when the slot frees (~2 s)
+            assert 'request_failure_total{reason="timeout"} 1.0' in metrics(live)
+        finally:
+            engine.cancel(holder.request_id)
 
 
 def test_api_key(tmp_path):

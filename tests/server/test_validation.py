@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
+import shutil
+import socket
+import time
 
 import httpx
 import numpy as np
 import pytest
 import soundfile as sf
 from conftest import LiveServer, tiny_server_config
+
+from fishserve.audio.encoders import AudioFormat, encode_audio
+from fishserve.audio.io import load_audio
+from fishserve.server.voices import VoiceNotFoundError, VoiceStore
 
 OK = {"text": "Fine.", "max_new_tokens": 4, "ignore_eos": True}
 
@@ -59,6 +67,7 @@ TTS_CASES = [
     ({"text": "hi", "temperature": "hot"}, 422, "temperature"),
     ({"text": "hi", "repetition_penalty": 3}, 422, "repetition_penalty"),
     ({"text": "hi", "max_new_tokens": 0}, 422, "max_new_tokens"),
+    ({"text": "hi", "max_new_tokens": 1}, 422, "max_new_tokens"),  # the first frame is no audio
     ({"text": "hi", "max_new_tokens": 10**6}, 422, "max_new_tokens"),
     ({"text": "hi", "seed": -3}, 422, "seed"),
     ({"text": "hi", "streaming": "maybe"}, 422, "streaming"),
@@ -117,6 +126,7 @@ OPENAI_CASES = [
     ({"input": "hi", "voice": "default", "speed": 2.0}, 400, "speed"),
     ({"input": "hi", "voice": "default", "speed": 9.0}, 422, "speed"),
     ({"input": "hi", "voice": "alloy"}, 404, "not found"),
+    ({"input": "😀 👍", "voice": "default"}, 400, "input is empty"),
     ({"input": "hi", "voice": "default", "stream_format": "video"}, 422, "stream_format"),
 ]
 
@@ -179,3 +189,175 @@ def test_voices_survive_a_restart(tmp_path):
 
 def test_server_still_serves_after_bad_input(server):
     assert httpx.post(server.url + "/v1/tts", json=OK, timeout=60).status_code == 200
+
+
+def test_error_param_names_the_field_or_is_null(server):
+    speech = httpx.post(server.url + "/v1/audio/speech", json={"input": "😀", "voice": "default"})
+    assert speech.json()["error"]["param"] == "input"
+    whole_body = httpx.post(server.url + "/v1/tts", json=[1, 2])
+    assert whole_body.status_code == 422 and whole_body.json()["error"]["param"] is None
+
+
+def test_deeply_nested_json_is_a_400(server):
+    deep = b"[" * 100_000 + b"]" * 100_000
+    response = httpx.post(
+        server.url + "/v1/tts", content=deep, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400 and "nested too deeply" in response.json()["message"]
+
+
+@pytest.mark.parametrize("error", [RuntimeError, TypeError])
+def test_unexpected_errors_are_logged_500s(server, monkeypatch, caplog, uvicorn_errors, error):
+    def broken() -> list[str]:
+        raise error("boom")
+
+    monkeypatch.setattr(server.state.voices, "list", broken)
+    response = httpx.get(server.url + "/v1/references/list")
+    assert response.status_code == 500
+    assert response.json()["message"] == f"internal error: {error.__name__}"
+    logged = [r for r in caplog.records if r.levelno >= logging.ERROR and r.exc_info]
+    assert len(logged) == 1 and logged[0].exc_info[0] is error
+    assert not uvicorn_errors  # logged once, by us
+
+
+def test_routing_errors_use_the_json_error_shape(server):
+    missing = httpx.get(server.url + "/nowhere")
+    assert missing.status_code == 404 and missing.json()["statusCode"] == 404
+    wrong_method = httpx.put(server.url + "/v1/tts")
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"] == "405"
+    bad_multipart = httpx.post(
+        server.url + "/v1/references/add",
+        content=b"garbage",
+        headers={"content-type": "multipart/form-data; boundary=x"},
+    )
+    assert bad_multipart.status_code == 400 and "message" in bad_multipart.json()
+    assert httpx.head(server.url + "/health").status_code == 200
+
+
+def multipart(fields: dict[str, bytes]) -> tuple[bytes, str]:
+    """A multipart/form-data body of `fields` (the one named `audio` as a file)."""
+    boundary = "fishserveboundary"
+    parts = []
+    for name, value in fields.items():
+        filename = '; filename="a.wav"' if name == "audio" else ""
+        head = f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"{filename}\r\n\r\n'
+        parts.append(head.encode() + value + b"\r\n")
+    body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+def test_body_limit_holds_for_chunked_uploads(server):
+    body, kind = multipart({"id": b"big", "text": b"t", "audio": b"\0" * (3 * 2**20)})
+
+    def chunked():  # no Content-Length: the limit must hold while receiving
+        for start in range(0, len(body), 65536):
+            yield body[start : start + 65536]
+
+    upload = httpx.post(
+        server.url + "/v1/references/add", content=chunked(), headers={"content-type": kind}
+    )
+    assert upload.status_code == 413, upload.text
+    tts = httpx.post(
+        server.url + "/v1/tts",
+        content=(b'{"text": "' + b"x" * (3 * 2**20) + b'"}' for _ in range(1)),
+        headers={"content-type": "application/json"},
+    )
+    assert tts.status_code == 413
+
+
+def test_oversized_multipart_field_is_a_413(server):
+    body, kind = multipart({"id": b"v", "text": b"x" * (1536 * 1024), "audio": TONE})
+    response = httpx.post(
+        server.url + "/v1/references/add", content=body, headers={"content-type": kind}
+    )
+    assert response.status_code == 413 and response.json()["statusCode"] == 413
+
+
+class Records(logging.Handler):
+    """Collects records (uvicorn's loggers do not propagate to caplog)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def uvicorn_errors():
+    handler = Records()
+    logging.getLogger("uvicorn.error").addHandler(handler)
+    yield handler.records
+    logging.getLogger("uvicorn.error").removeHandler(handler)
+
+
+def test_client_gone_mid_upload_logs_no_error(server, caplog, uvicorn_errors):
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(
+        b"POST /v1/tts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100000\r\n\r\n{"text": "'
+    )
+    time.sleep(0.2)
+    sock.close()
+    time.sleep(0.3)
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not uvicorn_errors
+
+
+def test_voice_named_default_is_reserved(server):
+    files = {"audio": ("voice.wav", TONE, "audio/wav")}
+    response = httpx.post(
+        server.url + "/v1/references/add", data={"id": "default", "text": "x"}, files=files
+    )
+    assert response.status_code == 400 and "reserved" in response.json()["message"]
+
+
+def test_delete_needs_a_reference_id(server):
+    for url in ("/v1/references/delete?reference_id=", "/v1/references/delete"):
+        response = httpx.request("DELETE", server.url + url)
+        assert response.status_code == 400, response.text
+        assert response.json()["message"] == "reference_id is required"
+
+
+def test_unknown_voice_does_not_list_the_stored_ones(server):
+    files = {"audio": ("voice.wav", TONE, "audio/wav")}
+    base = server.url + "/v1/references"
+    assert httpx.post(base + "/add", data={"id": "secret-name"}, files=files).status_code == 200
+    try:
+        response = httpx.post(server.url + "/v1/tts", json={**OK, "reference_id": "nobody"})
+        assert response.status_code == 404
+        assert "secret-name" not in response.text and "/v1/references/list" in response.text
+    finally:
+        httpx.request("DELETE", base + "/delete", params={"reference_id": "secret-name"})
+
+
+def test_voice_read_racing_a_delete_is_not_found(tmp_path, monkeypatch):
+    store = VoiceStore(tmp_path)
+    store.add("v", TONE, "hi")
+    find = VoiceStore._audio_file
+
+    def find_then_vanish(folder):  # a delete lands between finding and reading the file
+        found = find(folder)
+        shutil.rmtree(folder)
+        return found
+
+    monkeypatch.setattr(VoiceStore, "_audio_file", staticmethod(find_then_vanish))
+    with pytest.raises(VoiceNotFoundError):
+        store.get("v")
+
+    def vanish_then_find(folder):  # a delete lands between listing the folder and reading it
+        shutil.rmtree(folder)
+        return find(folder)
+
+    store.add("w", TONE, "hi")
+    monkeypatch.setattr(VoiceStore, "_audio_file", staticmethod(vanish_then_find))
+    assert store.list() == []  # skipped, not an error
+
+
+def test_audio_before_a_corrupt_trailer_is_kept():
+    tone = 0.3 * np.sin(2 * np.pi * 220 * np.arange(44100) / 44100)
+    mp3 = encode_audio(tone, 44100, AudioFormat.MP3)
+    audio = load_audio(mp3 + b"\0" * 4096)
+    assert abs(len(audio) - 44100) < 2048

@@ -1,0 +1,252 @@
+"""Failures during synthesis: streams that fail part-way, clients that leave, requests with no
+room for audio, and how each is counted in the metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+from conftest import LiveServer, tiny_server_config
+
+import fishserve.server.streaming as streaming
+from fishserve.server.routes_tts import history_window
+
+# Two segments on the 256-position tiny model: the second prompt cannot fit, after the first
+# segment's audio has been streamed (30 frames > the 10 of the first chunk).
+TWO_SEGMENTS = {
+    "text": ("x" * 150 + ". ") * 2,
+    "chunk_length": 150,
+    "seed": 1,
+    "ignore_eos": True,
+    "max_new_tokens": 30,
+}
+LONG = {"text": "Take your time.", "max_new_tokens": 200, "ignore_eos": True, "format": "pcm"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with LiveServer(tiny_server_config(tmp_path_factory.mktemp("fail"))) as live:
+        yield live
+
+
+def metric(server: LiveServer, sample: str) -> float:
+    """Value of one Prometheus sample (0 if absent), e.g. `name{label="x"}`."""
+    for line in httpx.get(server.url + "/metrics").text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def failures(server: LiveServer, reason: str) -> float:
+    return metric(server, f'fishserve:request_failure_total{{reason="{reason}"}}')
+
+
+def successes(server: LiveServer) -> float:
+    return metric(server, 'fishserve:request_success_total{finished_reason="stop"}')
+
+
+@contextlib.contextmanager
+def patched_steps(server: LiveServer, hook: Callable[[int], None]) -> Iterator[None]:
+    """Call `hook(step_number)` on the engine thread before each model step."""
+    runner = server.state.runtime.engine.engine.runner
+    original, calls = runner.execute, [0]
+
+    def execute(batch):
+        calls[0] += 1
+        hook(calls[0])
+        return original(batch)
+
+    runner.execute = execute
+    try:
+        yield
+    finally:
+        del runner.execute
+
+
+def fail_after(steps: int) -> Callable[[int], None]:
+    def hook(n: int) -> None:
+        if n > steps:
+            raise RuntimeError("injected engine failure")
+
+    return hook
+
+
+@contextlib.contextmanager
+def without_eos(server: LiveServer) -> Iterator[None]:
+    """Every request generates its whole frame budget (deterministic lengths)."""
+    engine = server.state.runtime.engine
+    original = engine.submit
+    engine.submit = lambda req, loop=None: original(dataclasses.replace(req, ignore_eos=True), loop)
+    try:
+        yield
+    finally:
+        del engine.submit
+
+
+def wait_until_idle(server: LiveServer, limit: float) -> float:
+    """Seconds until no request runs and every KV block is free (fails after `limit`)."""
+    start = time.monotonic()
+    while time.monotonic() - start < limit:
+        health = httpx.get(server.url + "/health").json()
+        kv = health["kv_cache"]
+        if health["requests"]["running"] == 0 and kv["blocks_free"] == kv["blocks_total"]:
+            return time.monotonic() - start
+        time.sleep(0.05)
+    raise AssertionError(f"KV blocks still in use after {limit} s")
+
+
+def send_raw(server: LiveServer, body: dict) -> socket.socket:
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(
+        b"POST /v1/tts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    return sock
+
+
+class Records(logging.Handler):
+    """Collects the records of one logger (uvicorn's do not propagate to caplog)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_audio_stream_failing_midway_ends_without_terminating_chunk(server, caplog):
+    before = failures(server, "invalid"), successes(server)
+    uvicorn_log = Records()
+    logging.getLogger("uvicorn.error").addHandler(uvicorn_log)
+    body = {**TWO_SEGMENTS, "streaming": True, "format": "wav"}
+    received = b""
+    with (
+        pytest.raises(httpx.RemoteProtocolError),
+        httpx.stream("POST", server.url + "/v1/tts", json=body, timeout=60) as response,
+    ):
+        assert response.status_code == 200
+        for part in response.iter_bytes():
+            received += part
+    logging.getLogger("uvicorn.error").removeHandler(uvicorn_log)
+    assert len(received) > 44  # audio was sent before the failure
+    assert not uvicorn_log.records  # no traceback, no "returned without completing response"
+    assert (failures(server, "invalid"), successes(server)) == (before[0] + 1, before[1])
+    lines = [r for r in caplog.records if "failed after the response started" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is None
+
+
+def test_engine_error_midstream_is_a_failure_not_a_success(server):
+    before = failures(server, "error"), successes(server)
+    body = {**LONG, "streaming": True}
+    with (
+        patched_steps(server, fail_after(20)),
+        pytest.raises(httpx.RemoteProtocolError),
+        httpx.stream("POST", server.url + "/v1/tts", json=body, timeout=60) as response,
+    ):
+        assert response.status_code == 200
+        for _ in response.iter_bytes():
+            pass
+    with patched_steps(server, fail_after(5)):
+        whole = httpx.post(server.url + "/v1/tts", json=LONG, timeout=60)
+    assert whole.status_code == 500 and "injected engine failure" in whole.json()["message"]
+    assert (failures(server, "error"), successes(server)) == (before[0] + 2, before[1])
+
+
+def test_sse_failure_sends_an_error_event_and_no_done(server):
+    body = {
+        "input": TWO_SEGMENTS["text"],
+        "voice": "default",
+        "response_format": "pcm",
+        "stream_format": "sse",
+    }
+    with without_eos(server):
+        response = httpx.post(server.url + "/v1/audio/speech", json=body, timeout=60)
+    assert response.status_code == 200
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line[:6] == "data: "]
+    assert events[0]["type"] == "speech.audio.delta"
+    assert events[-1]["type"] == "error" and "context" in events[-1]["error"]["message"]
+    assert all(e["type"] != "speech.audio.done" for e in events)
+
+
+def test_non_streaming_disconnect_frees_kv_blocks_at_once(server):
+    cancelled = failures(server, "cancelled")
+    with patched_steps(server, lambda n: time.sleep(0.02)):  # 200 frames: over 4 s
+        sock = send_raw(server, LONG)
+        deadline = time.monotonic() + 10
+        while httpx.get(server.url + "/health").json()["requests"]["running"] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        sock.close()
+        assert wait_until_idle(server, limit=2.0) < 2.0
+    assert failures(server, "cancelled") == cancelled + 1
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_no_room_for_audio_is_a_400(server, streaming):
+    # 240 x's make a 255-position prompt: one frame of room, and the first is never audio.
+    body = {"text": "x" * 240, "chunk_length": 300, "streaming": streaming, "format": "mp3"}
+    response = httpx.post(server.url + "/v1/tts", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert "no room for audio" in response.json()["message"]
+
+
+def test_later_segment_that_cannot_fit_is_a_400_before_anything_is_sent(server):
+    response = httpx.post(server.url + "/v1/tts", json=TWO_SEGMENTS, timeout=60)
+    assert response.status_code == 400, response.text
+    assert "does not fit the model's context" in response.json()["message"]
+
+
+def test_history_window_is_capped_by_the_model_context():
+    assert history_window(32768) == 4096
+    assert history_window(2048) == 2048  # 1024 positions of history, 1024 left to generate
+    assert history_window(256) == 4096  # no window fits: the whole history is kept
+
+
+def test_abandoned_compressed_streams_release_their_encoder(server, monkeypatch):
+    made, push_threads = [], []
+    loop_thread = server.thread.ident
+
+    def spy(fmt, sample_rate):
+        encoder = original(fmt, sample_rate)
+        push = encoder.push
+
+        def traced_push(chunk):
+            push_threads.append(threading.get_ident())
+            return push(chunk)
+
+        encoder.push = traced_push
+        made.append(encoder)
+        return encoder
+
+    original = streaming.stream_encoder
+    monkeypatch.setattr(streaming, "stream_encoder", spy)
+    body = {**LONG, "streaming": True, "format": "mp3"}
+    with httpx.stream("POST", server.url + "/v1/tts", json=body, timeout=60) as response:
+        next(response.iter_bytes())  # then hang up
+    deadline = time.monotonic() + 5
+    while not made[0]._finished and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert made[0]._finished
+    assert push_threads and loop_thread not in push_threads  # encoded off the event loop
+
+
+def test_idle_clock_restarts_when_a_stream_ends(server):
+    body = {**LONG, "max_new_tokens": 60, "streaming": True}
+    with httpx.stream("POST", server.url + "/v1/tts", json=body, timeout=60) as response:
+        chunks = response.iter_bytes()
+        next(chunks)
+        first_byte = time.monotonic()
+        for _ in chunks:
+            pass
+    assert server.state.last_activity > first_byte
