@@ -22,6 +22,7 @@ from fishserve.engine.memory import (
     module_bytes,
     plan_memory,
 )
+from fishserve.engine.profiling import profile_activation_bytes
 from fishserve.engine.reference import PromptTooLongError, frame_budget
 from fishserve.engine.runner import ModelRunner
 from fishserve.engine.sampling import SamplingParams
@@ -158,12 +159,7 @@ class LLMEngine:
     def _plan_memory(self, kv_bytes_per_token: int) -> MemoryPlan:
         cfg = self.config
         weights = module_bytes(self.model)
-        activations = estimate_activation_bytes(
-            self.model.config,
-            cfg.max_num_batched_tokens,
-            cfg.max_num_seqs,
-            self.model.embeddings.weight.dtype,
-        )
+        activations = self._activation_bytes()
         if cfg.num_kv_blocks is not None:
             budget = (
                 weights
@@ -181,6 +177,30 @@ class LLMEngine:
             kv_bytes_per_token,
             cfg.block_size,
         )
+
+    def _activation_bytes(self) -> int:
+        """Measured on CUDA (a dummy largest step), an analytic estimate elsewhere."""
+        cfg = self.config
+        estimate = estimate_activation_bytes(
+            self.model.config,
+            cfg.max_num_batched_tokens,
+            cfg.max_num_seqs,
+            self.model.embeddings.weight.dtype,
+        )
+        if self.device.type != "cuda":
+            return estimate
+        kv = resolve_kv_dtype(cfg.kv_cache_dtype, self.model.embeddings.weight.dtype)
+        try:
+            measured = profile_activation_bytes(
+                self.model, cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.block_size, kv
+            )
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as exc:  # keep serving with the estimate rather than not at all
+            log.warning("activation profiling failed (%s); using the estimate", exc)
+            return estimate
+        # CUDA graph pools hold one decode step's intermediates: counted with a 25% margin.
+        return int(measured * 1.25)
 
     def _budget_bytes(self, fixed: int) -> int:
         budget = self.config.memory_budget

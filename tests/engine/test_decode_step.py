@@ -122,3 +122,22 @@ def test_gpu_engine_equals_cpu_engine_in_fp32(tiny_model, tiny_tokenizer, eager)
     agree = [torch.equal(gpu[rid][0], codes) for rid, (codes, _) in cpu.items()]
     assert sum(agree) >= 3, agree  # fp32 GPU kernels round differently; near-ties may flip
     assert engine.runner.num_captures == (0 if eager else len(graph_buckets(8)))
+
+
+def test_profiling_dummy_step_runs_on_cpu(tiny_model):
+    from fishserve.engine.profiling import dummy_step
+
+    before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+    with torch.inference_mode():
+        dummy_step(tiny_model, tokens=40, seqs=6, block_size=16, kv_dtype="int8")
+    assert all(torch.equal(before[k], v) for k, v in tiny_model.state_dict().items())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_gpu_activation_peak_is_measured(tiny_tokenizer):
+    model = load_tiny_model().cuda()
+    engine = make_engine(model, tiny_tokenizer, num_kv_blocks=None, memory_budget=2**30,
+                         enforce_eager=True)
+    assert 0 < engine.memory.activations < 2**30
+    assert engine.blocks.num_blocks == engine.memory.num_blocks
