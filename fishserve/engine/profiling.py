@@ -25,6 +25,7 @@ def dummy_step(
     """One prefill of `tokens` positions plus sampling for `seqs` rows, on random inputs."""
     c = model.config
     device = model.embeddings.weight.device
+    tokens = min(tokens, c.max_seq_len)  # a chunk never spans more than the context
     blocks = -(-tokens // block_size)
     cache = PagedKVCache(
         KVCacheLayout(c.n_layer, c.n_local_heads, c.head_dim, block_size, blocks, kv_dtype), device
