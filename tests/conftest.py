@@ -147,3 +147,24 @@ class LiveServer:
     def state(self):
         """The app's `ServerState` (for white-box checks)."""
         return self.app.state.server
+
+
+@pytest.fixture(scope="session")
+def tiny_decoder():
+    """The tiny fixture decoder: 4 groups, 256 samples/frame, 44.1 kHz, CPU fp32."""
+    from fishserve.models.firefly import load_firefly
+
+    return load_firefly(TINY_DECODER / "generator.pth", TINY_DECODER / "config.json")
+
+
+def random_codes(groups: int, frames: int, seed: int):
+    """``(groups, frames)`` int64 codes in [0, 1024): the LLM's range, ids >= 1000 included."""
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(0, 1024, size=(groups, frames), dtype=np.int64)
+
+
+def one_shot(decoder, codes):
+    """Decode ``(G, L)`` codes in one call -> ``(L * frame_samples,)`` float32."""
+    wave, _ = decoder.decode(torch.from_numpy(codes)[None], torch.tensor([codes.shape[1]]))
+    return wave[0, 0].numpy()

@@ -12,30 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import one_shot, random_codes
 
 from fishserve.audio.batching import DecodeJob, decode_batch, decode_streams
 from fishserve.audio.streaming import ChunkPolicy, StreamingDecoder
-from fishserve.models.firefly import FireflyGenerator, load_firefly
+from fishserve.models.firefly import FireflyGenerator
 
 TINY = Path(__file__).resolve().parents[1] / "fixtures" / "tiny_decoder"
 BATCH_TOL = 1e-5  # measured ~4e-8; margin for thread-count-dependent conv rounding
-
-
-@pytest.fixture(scope="module")
-def tiny_decoder() -> FireflyGenerator:
-    """The tiny fixture decoder: 4 groups, 256 samples/frame, 44.1 kHz, CPU fp32."""
-    return load_firefly(TINY / "generator.pth", TINY / "config.json")
-
-
-def random_codes(groups: int, frames: int, seed: int) -> np.ndarray:
-    """``(groups, frames)`` int64 codes in [0, 1024) (the LLM's range)."""
-    return np.random.default_rng(seed).integers(0, 1024, size=(groups, frames), dtype=np.int64)
-
-
-def one_shot(decoder: FireflyGenerator, codes: np.ndarray) -> np.ndarray:
-    """Decode ``(G, L)`` codes in one call -> ``(L * frame_samples,)`` float32."""
-    wave, _ = decoder.decode(torch.from_numpy(codes)[None], torch.tensor([codes.shape[1]]))
-    return wave[0, 0].numpy()
 
 
 class RecordingDecoder:
