@@ -1,7 +1,7 @@
-"""The `fishserve` command line: synth, encode, decode (and later serve, bench, eval).
+"""The `fishserve` command line: synth, encode, decode, serve, bench, eval.
 
-Every command turns expected failures (missing files, bad shapes, bad values) into one red
-line on stderr and exit code 2, never a traceback.
+Every command turns expected failures (missing files, bad shapes, bad values, a port in use)
+into one red line on stderr and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -10,12 +10,15 @@ import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
+from fishserve import __version__
 from fishserve.errors import USER_ERRORS
+from fishserve.server.config import ServerConfig
 
 app = typer.Typer(
     name="fishserve",
@@ -31,6 +34,12 @@ DeviceOpt = Annotated[str, typer.Option(help="Torch device: auto, cpu, cuda, cud
 DtypeOpt = Annotated[
     str, typer.Option(help="Weight dtype: auto (bf16 on GPU, fp32 on CPU), fp32, bf16, fp16.")
 ]
+DecoderDtypeOpt = Annotated[
+    str,
+    typer.Option(
+        "--dtype", help="Decoder weight dtype: auto (bf16 on GPU, fp32 on CPU), fp32, bf16, fp16."
+    ),
+]
 DecoderCkptOpt = Annotated[
     Path | None,
     typer.Option(
@@ -39,12 +48,32 @@ DecoderCkptOpt = Annotated[
         "Default: the file of that name inside --checkpoint.",
     ),
 ]
+RequiredDecoderCkptOpt = Annotated[
+    Path,
+    typer.Option(
+        "--decoder-checkpoint",
+        help="Firefly generator weights: firefly-gan-vq-fsq-8x1024-21hz-generator.pth of the "
+        "checkpoint folder (e.g. checkpoints/fish-speech-1.5/).",
+    ),
+]
 DecoderCfgOpt = Annotated[
     Path | None,
     typer.Option(
         "--decoder-config", help="Decoder config (official yaml/json); default: released."
     ),
 ]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="CPU threads of torch (torch.set_num_threads); default: one per core. On a busy "
+        "machine --threads 1 can be several times faster.",
+    ),
+]
+AUDIO_OUTPUT_HELP = (
+    "Output audio file; its extension picks the format: .wav (16-bit), .flac, .mp3, "
+    ".ogg/.opus (Opus, 48 kHz) or .npy (float32 samples at 44.1 kHz)."
+)
 
 
 def user_errors(func: F) -> F:
@@ -55,19 +84,66 @@ def user_errors(func: F) -> F:
         try:
             func(*args, **kwargs)
         except USER_ERRORS as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+            message = escape(str(exc))
+            err_console.print(
+                f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True
+            )
             raise typer.Exit(code=2) from None
 
     return wrapper  # type: ignore[return-value]
 
 
+def set_threads(threads: int | None) -> None:
+    """`torch.set_num_threads(threads)` unless None (torch's default: one per core)."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _print_version(value: bool) -> None:
+    """`--version`: print the version and stop."""
+    if value:
+        print(f"fishserve {__version__}")
+        raise typer.Exit()
+
+
+def _top_p(value: float) -> float:
+    """Refuse a `--top-p` outside (0, 1] (0 would keep no token)."""
+    if not 0.0 < value <= 1.0:
+        raise typer.BadParameter(f"must be in (0, 1], got {value}")
+    return value
+
+
+TopPOpt = Annotated[float, typer.Option(callback=_top_p, help="Nucleus sampling mass, in (0, 1].")]
+
+
 @app.callback()
 def _setup(
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+    verbose: Annotated[
+        bool | None,
+        typer.Option(
+            "--verbose/--quiet",
+            "-v/-q",
+            show_default=False,
+            help="Debug logging, or warnings and errors only. \\[default: info logging]",
+        ),
+    ] = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            show_default=False,
+            help="Print the version and exit.",
+        ),
+    ] = False,
 ) -> None:
+    """Options before the command: log level and version."""
+    levels = {True: logging.DEBUG, False: logging.WARNING, None: logging.INFO}
     logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=levels[verbose], format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
 
 
@@ -75,7 +151,7 @@ def _setup(
 @user_errors
 def synth(
     text: Annotated[str, typer.Option(help="Text to speak.")],
-    output: Annotated[Path, typer.Option(help="Output .wav file (44.1 kHz, 16-bit mono).")],
+    output: Annotated[Path, typer.Option(help=AUDIO_OUTPUT_HELP)],
     checkpoint: Annotated[
         Path | None,
         typer.Option(
@@ -99,17 +175,22 @@ def synth(
     max_new_tokens: Annotated[
         int | None,
         typer.Option(
-            help="Frame budget per segment (0 = until the context ends). "
-            "Default 1024, or 64 with random weights."
+            help="Frames per segment: >= 2 (the first frame is never audio), or 0 = until the "
+            "context is full. Default 1024, or 64 with random weights."
         ),
     ] = None,
     max_length: Annotated[int, typer.Option(help="History window budget (positions).")] = 2048,
-    top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.7,
-    temperature: Annotated[float, typer.Option()] = 0.7,
-    repetition_penalty: Annotated[float, typer.Option()] = 1.2,
+    top_p: TopPOpt = 0.7,
+    temperature: Annotated[
+        float, typer.Option(min=0.0, help="Sampling temperature; 0 = greedy (as in the API).")
+    ] = 0.7,
+    repetition_penalty: Annotated[
+        float, typer.Option(help="Penalty on codes of the last 16 frames; 1.0 = none.")
+    ] = 1.2,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 42,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
+    threads: ThreadsOpt = None,
     codes_output: Annotated[
         Path | None, typer.Option(help="Also write the codes (num_codebooks, frames) as .npy.")
     ] = None,
@@ -122,9 +203,10 @@ def synth(
         bool, typer.Option(help="Use the simple batch-1 loop instead of the engine.")
     ] = False,
 ) -> None:
-    """Synthesize speech from text into a WAV file."""
+    """Synthesize speech from text into an audio file (wav, flac, mp3, ogg/opus)."""
     from fishserve.synthesis import SynthesisOptions, run_synth
 
+    set_threads(threads)
     run_synth(
         SynthesisOptions(
             text=text,
@@ -146,6 +228,10 @@ def synth(
             device=device,
             dtype=dtype,
             codes_output=codes_output,
+            reference_loop=reference_loop,
+            kv_cache_dtype=kv_cache_dtype,
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
         ),
         console=err_console,
     )
@@ -156,95 +242,181 @@ def synth(
 def encode(
     audio: Annotated[Path, typer.Option(help="Audio file (any container) or float .npy.")],
     output: Annotated[Path, typer.Option(help="Output codes .npy (num_codebooks, T) int.")],
-    decoder_checkpoint: DecoderCkptOpt = None,
+    decoder_checkpoint: RequiredDecoderCkptOpt,
     decoder_config: DecoderCfgOpt = None,
     device: DeviceOpt = "auto",
+    dtype: DecoderDtypeOpt = "auto",
+    threads: ThreadsOpt = None,
 ) -> None:
     """Encode audio into Firefly codes (for reference voices)."""
     from fishserve.synthesis import run_encode
 
-    run_encode(audio, output, decoder_checkpoint, decoder_config, device, err_console)
+    set_threads(threads)
+    run_encode(audio, output, decoder_checkpoint, decoder_config, device, err_console, dtype)
 
 
 @app.command()
 @user_errors
 def decode(
     codes: Annotated[Path, typer.Option(help="Codes .npy (num_codebooks, T) int.")],
-    output: Annotated[Path, typer.Option(help="Output .wav, or .npy (float32 waveform).")],
-    decoder_checkpoint: DecoderCkptOpt = None,
+    output: Annotated[Path, typer.Option(help=AUDIO_OUTPUT_HELP)],
+    decoder_checkpoint: RequiredDecoderCkptOpt,
     decoder_config: DecoderCfgOpt = None,
     device: DeviceOpt = "auto",
+    dtype: DecoderDtypeOpt = "auto",
+    threads: ThreadsOpt = None,
 ) -> None:
-    """Decode Firefly codes into a 44.1 kHz waveform."""
+    """Decode Firefly codes into 44.1 kHz audio (wav, flac, mp3, ogg/opus or .npy)."""
     from fishserve.synthesis import run_decode
 
-    run_decode(codes, output, decoder_checkpoint, decoder_config, device, err_console)
+    set_threads(threads)
+    run_decode(codes, output, decoder_checkpoint, decoder_config, device, err_console, dtype)
+
+
+def _setting(name: str, help: str, *decls: str) -> Any:
+    """A `serve` option for the setting `name`: its default (from `ServerConfig`) is shown in
+    the help; the value passed on is None unless given, so YAML and environment still apply."""
+    shown = default_text(ServerConfig.model_fields[name].default)
+    return typer.Option(*decls, help=f"{help} \\[default: {shown}]", show_default=False)
+
+
+def default_text(value: object) -> str:
+    """How a setting's default is written in help and the README: on/off, none, or the value."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "none" if value is None else str(value)
 
 
 @app.command()
 @user_errors
 def serve(
-    config: Annotated[Path | None, typer.Option(help="YAML file with server settings.")] = None,
-    checkpoint: Annotated[Path | None, typer.Option(help="Official checkpoint folder.")] = None,
-    decoder_checkpoint: DecoderCkptOpt = None,
-    decoder_config: DecoderCfgOpt = None,
-    load_format: Annotated[str | None, typer.Option(help="auto or dummy.")] = None,
-    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda, cuda:N.")] = None,
-    dtype: Annotated[str | None, typer.Option(help="auto, fp32, bf16, fp16.")] = None,
-    kv_cache_dtype: Annotated[
-        str | None, typer.Option(help="auto, fp32, bf16, fp16, int8, fp8.")
+    config: Annotated[
+        Path | None, typer.Option(help="YAML file of settings (the names of these flags).")
     ] = None,
-    memory_budget: Annotated[
-        str | None,
-        typer.Option(
-            "--gpu-memory-budget",
-            "--memory-budget",
-            help="e.g. 6GiB, or a fraction of the GPU like 0.9.",
+    checkpoint: Annotated[
+        Path | None, _setting("checkpoint", "Official checkpoint folder; none = random weights.")
+    ] = None,
+    decoder_checkpoint: Annotated[
+        Path | None,
+        _setting(
+            "decoder_checkpoint",
+            "Firefly generator weights; none = firefly-gan-vq-fsq-8x1024-21hz-generator.pth "
+            "in --checkpoint.",
         ),
     ] = None,
-    max_num_seqs: Annotated[int | None, typer.Option(help="Running requests at most.")] = None,
-    max_num_batched_tokens: Annotated[int | None, typer.Option()] = None,
-    block_size: Annotated[int | None, typer.Option(help="Positions per KV block.")] = None,
-    num_kv_blocks: Annotated[int | None, typer.Option(help="Fixed KV pool size.")] = None,
+    decoder_config: Annotated[
+        Path | None,
+        _setting("decoder_config", "Decoder config (official yaml/json); none = released."),
+    ] = None,
+    load_format: Annotated[
+        str | None, _setting("load_format", "auto (files) or dummy (random weights).")
+    ] = None,
+    device: Annotated[str | None, _setting("device", "auto, cpu, cuda, cuda:N.")] = None,
+    dtype: Annotated[
+        str | None, _setting("dtype", "Weights: auto (bf16 on GPU, fp32 on CPU), fp32, bf16, fp16.")
+    ] = None,
+    threads: Annotated[
+        int | None,
+        _setting("threads", "CPU threads of torch; none = one per core (busy machine: 1)."),
+    ] = None,
+    kv_cache_dtype: Annotated[
+        str | None,
+        _setting("kv_cache_dtype", "auto (= weights), fp32, bf16, fp16, int8, fp8."),
+    ] = None,
+    block_size: Annotated[int | None, _setting("block_size", "Positions per KV block.")] = None,
+    max_num_seqs: Annotated[
+        int | None, _setting("max_num_seqs", "Running requests at most.")
+    ] = None,
+    max_num_batched_tokens: Annotated[
+        int | None, _setting("max_num_batched_tokens", "Positions per engine step at most.")
+    ] = None,
+    gpu_memory_budget: Annotated[
+        str | None,
+        _setting(
+            "gpu_memory_budget",
+            "Memory for weights, activations, decoder and KV pool: e.g. 6GiB, or a fraction "
+            "of the GPU like 0.9; none = 0.9 on GPU, a small KV pool on CPU.",
+            "--gpu-memory-budget",
+            "--memory-budget",
+        ),
+    ] = None,
+    num_kv_blocks: Annotated[
+        int | None, _setting("num_kv_blocks", "Fixed KV pool size (instead of the budget).")
+    ] = None,
     enforce_eager: Annotated[
-        bool | None, typer.Option(help="No CUDA graphs (accepted; graphs come later).")
+        bool | None, _setting("enforce_eager", "No CUDA graphs (slower decoding on GPU).")
     ] = None,
-    host: Annotated[str | None, typer.Option(help="Listen address (default 127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(help="Listen port (default 8080).")] = None,
+    default_max_new_tokens: Annotated[
+        int | None,
+        _setting(
+            "default_max_new_tokens",
+            "Frames per segment when a request does not say; none = 1024, or 64 with random "
+            "weights.",
+        ),
+    ] = None,
+    first_chunk_frames: Annotated[
+        int | None, _setting("first_chunk_frames", "Frames decoded into the first audio chunk.")
+    ] = None,
+    chunk_frames: Annotated[
+        int | None, _setting("chunk_frames", "Frames per later audio chunk.")
+    ] = None,
+    max_decode_batch: Annotated[
+        int | None, _setting("max_decode_batch", "Audio chunks decoded together at most.")
+    ] = None,
+    max_reference_seconds: Annotated[
+        float | None, _setting("max_reference_seconds", "Longest reference audio (s).")
+    ] = None,
+    host: Annotated[str | None, _setting("host", "Listen address.")] = None,
+    port: Annotated[int | None, _setting("port", "Listen port.")] = None,
     api_key: Annotated[
-        str | None, typer.Option(help="Require 'Authorization: Bearer KEY'.")
+        str | None, _setting("api_key", "Require 'Authorization: Bearer KEY'.")
     ] = None,
-    references_dir: Annotated[Path | None, typer.Option(help="Stored voices folder.")] = None,
-    max_waiting: Annotated[int | None, typer.Option(help="Queue bound before 429.")] = None,
-    lazy_load: Annotated[bool | None, typer.Option(help="Load models on first request.")] = None,
+    references_dir: Annotated[
+        Path | None, _setting("references_dir", "Stored voices folder.")
+    ] = None,
+    max_waiting: Annotated[int | None, _setting("max_waiting", "Queue bound before 429.")] = None,
+    max_text_length: Annotated[
+        int | None, _setting("max_text_length", "Longest text, in characters.")
+    ] = None,
+    max_body_bytes: Annotated[
+        int | None, _setting("max_body_bytes", "Largest request body (bytes; 413 beyond).")
+    ] = None,
+    request_timeout: Annotated[
+        float | None, _setting("request_timeout", "Seconds a request may take, queued or running.")
+    ] = None,
+    lazy_load: Annotated[
+        bool | None, _setting("lazy_load", "Load the models on the first request.")
+    ] = None,
     idle_unload_seconds: Annotated[
-        float | None, typer.Option(help="Unload models after this idle time (0 = never).")
+        float | None,
+        _setting("idle_unload_seconds", "Unload the models after this idle time (0 = never)."),
     ] = None,
 ) -> None:
     """Run the HTTP server (Fish /v1/tts, OpenAI /v1/audio/speech, voices, health, metrics).
 
-    Settings come from --config YAML, then FISHSERVE_<KEY> environment variables, then flags.
+    Every flag is also a YAML key (--config) and a FISHSERVE_<NAME> environment variable;
+    flags win over the environment, which wins over the file.
     """
+    overrides = {k: v for k, v in locals().items() if k != "config"}
     import uvicorn
 
-    from fishserve.server.app import create_app
-    from fishserve.server.config import ServerConfig
+    from fishserve.server.app import check_port, create_app
+    from fishserve.server.runtime import build_runtime, check_settings
+    from fishserve.synthesis import RANDOM_WEIGHTS_WARNING
 
-    overrides = {
-        k: v
-        for k, v in locals().items()
-        if k not in ("config", "uvicorn", "create_app", "ServerConfig")
-    }
     settings = ServerConfig.load(config, overrides)
-    if settings.checkpoint is None or settings.load_format == "dummy":
-        err_console.print(RANDOM_WEIGHTS_NOTE)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
-
-
-RANDOM_WEIGHTS_NOTE = (
-    "[bold yellow]WARNING: serving RANDOM weights (no --checkpoint): audio is noise.[/] "
-    "Use --checkpoint checkpoints/fish-speech-1.5 for speech."
-)
+    check_settings(settings)
+    check_port(settings.host, settings.port)
+    set_threads(settings.threads)
+    if settings.random_weights:
+        err_console.print(RANDOM_WEIGHTS_WARNING, soft_wrap=True)
+    runtime = None
+    if not settings.lazy_load:
+        logging.getLogger(__name__).info("loading models")
+        runtime = build_runtime(settings)
+    app_ = create_app(settings, build_runtime, runtime)
+    level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()  # -v/-q
+    uvicorn.run(app_, host=settings.host, port=settings.port, log_level=level)
 
 
 @app.command()
@@ -383,7 +555,7 @@ def eval_configs(
     long_text: Annotated[str | None, typer.Option(help="Text of the long request.")] = None,
     seed: Annotated[int, typer.Option(help="Sampling seed of both requests.")] = 42,
     temperature: Annotated[float, typer.Option()] = 0.7,
-    top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.7,
+    top_p: TopPOpt = 0.7,
     repetition_penalty: Annotated[float, typer.Option()] = 1.2,
     block_size: Annotated[int, typer.Option(min=1, help="Positions per KV block.")] = 16,
     kv_positions: Annotated[

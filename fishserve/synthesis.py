@@ -14,31 +14,30 @@ from pathlib import Path
 import numpy as np
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from fishserve.audio.io import load_audio, write_wav
+from fishserve.audio.io import AUDIO_OUTPUT_SUFFIXES, check_output_path, load_audio, write_audio
 from fishserve.engine.engine import EngineConfig, GenerationRequest, LLMEngine
 from fishserve.engine.long_text import generate_long, plan_long_text
 from fishserve.engine.reference import generate
-from fishserve.engine.sampling import SamplingParams
+from fishserve.engine.sampling import MIN_TEMPERATURE, SamplingParams
 from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.firefly import FireflyGenerator, load_firefly
 from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
 from fishserve.models.prompt import Reference
 from fishserve.models.tokenizer import FishTokenizer
+from fishserve.server.config import DEFAULT_MAX_NEW_TOKENS, RANDOM_WEIGHTS_MAX_NEW_TOKENS
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_NEW_TOKENS = 1024  # per segment, as the reference HTTP API (spec §5)
-# Random weights rarely sample <|im_end|>: cap a segment at ~3 s of audio.
-DUMMY_MAX_NEW_TOKENS = 64
+DUMMY_MAX_NEW_TOKENS = RANDOM_WEIGHTS_MAX_NEW_TOKENS  # 64: random weights rarely stop
 DECODER_FILENAME = "firefly-gan-vq-fsq-8x1024-21hz-generator.pth"
+# Two short lines (printed without wrapping), shared by `synth` and `serve`.
 RANDOM_WEIGHTS_WARNING = (
-    "[bold yellow]WARNING: no checkpoint given: using RANDOM weights. The output is noise, "
-    "not speech.[/] Download the real model with `huggingface-cli download "
-    "fishaudio/fish-speech-1.5 --local-dir checkpoints/fish-speech-1.5` and pass "
-    "--checkpoint checkpoints/fish-speech-1.5."
+    "[bold yellow]WARNING: RANDOM weights: the audio is noise, not speech.[/]\n"
+    "For speech: --checkpoint checkpoints/fish-speech-1.5 (README: Real weights)."
 )
+CODES_SUFFIXES = (".npy",)
 
 
 @dataclass
@@ -138,14 +137,54 @@ def decode_codes(decoder: FireflyGenerator, codes: torch.Tensor) -> np.ndarray:
     return wave[0, 0].float().cpu().numpy()
 
 
-def run_synth(opts: SynthesisOptions, console: Console) -> None:
-    """Text -> codes (engine, or the reference loop) -> waveform -> WAV file."""
+def check_synth_options(opts: SynthesisOptions) -> None:
+    """Everything about `opts` that can be checked before loading the models.
+
+    Raises:
+        ValueError: empty text, bad numbers, an unsupported output extension, both
+            references given.
+        FileNotFoundError, PermissionError: a missing input, or an output that cannot be
+            written.
+    """
     if not opts.text.strip():
         raise ValueError("--text is empty: nothing to synthesize")
+    if opts.max_new_tokens is not None and (opts.max_new_tokens < 0 or opts.max_new_tokens == 1):
+        raise ValueError(
+            f"--max-new-tokens must be >= 2 (the first frame is never audio) or 0 (until the "
+            f"context is full), got {opts.max_new_tokens}"
+        )
+    if opts.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {opts.temperature}")
+    check_output_path(opts.output, "--output", AUDIO_OUTPUT_SUFFIXES)
+    if opts.codes_output is not None:
+        check_output_path(opts.codes_output, "--codes-output", CODES_SUFFIXES)
+    if opts.reference_audio is not None and opts.reference_codes is not None:
+        raise ValueError("give --reference-audio or --reference-codes, not both")
+    for option, path in (
+        ("--reference-audio", opts.reference_audio),
+        ("--reference-codes", opts.reference_codes),
+    ):
+        if path is not None and not path.is_file():
+            raise FileNotFoundError(f"{option} file not found: {path}")
+
+
+def sampling_params(opts: SynthesisOptions) -> SamplingParams:
+    """The sampling settings of `opts`; temperature 0 means greedy, as in the HTTP API."""
+    temperature = max(opts.temperature, MIN_TEMPERATURE)
+    return SamplingParams(temperature, opts.top_p, opts.repetition_penalty, opts.seed)
+
+
+def run_synth(opts: SynthesisOptions, console: Console) -> None:
+    """Text -> codes (engine, or the reference loop) -> waveform -> audio file (by extension).
+
+    Inputs and outputs are checked before the models load (`check_synth_options`).
+    """
+    check_synth_options(opts)
+    params = sampling_params(opts)
     device = resolve_device(opts.device)
     dummy = opts.checkpoint is None or opts.load_format == "dummy"
     if dummy:
-        console.print(RANDOM_WEIGHTS_WARNING)
+        console.print(RANDOM_WEIGHTS_WARNING, soft_wrap=True)
     model, tokenizer = load_text2semantic(
         opts.checkpoint,
         device=device,
@@ -161,7 +200,7 @@ def run_synth(opts: SynthesisOptions, console: Console) -> None:
     request = GenerationRequest(
         opts.text,
         load_references(opts, decoder, model.config.num_codebooks),
-        SamplingParams(opts.temperature, opts.top_p, opts.repetition_penalty, opts.seed),
+        params,
         opts.chunk_length,
         max_new_tokens,
         opts.max_length,
@@ -185,25 +224,29 @@ def run_synth(opts: SynthesisOptions, console: Console) -> None:
     if opts.codes_output is not None:
         np.save(opts.codes_output, codes.numpy())
     wave = decode_codes(decoder, codes)
-    write_wav(opts.output, wave, decoder.config.sample_rate)
+    write_audio(opts.output, wave, decoder.config.sample_rate)
     seconds = len(wave) / decoder.config.sample_rate
     elapsed = time.perf_counter() - start
     console.print(
         f"wrote {opts.output}: {seconds:.2f} s of audio ({codes.shape[1]} frames) in "
-        f"{elapsed:.1f} s (RTF {elapsed / seconds:.2f})"
+        f"{elapsed:.1f} s (RTF {format_rtf(elapsed, seconds)})"
     )
+
+
+def format_rtf(elapsed: float, audio_seconds: float) -> str:
+    """Real-time factor `elapsed / audio_seconds` with 2 decimals, or "n/a" without audio."""
+    return f"{elapsed / audio_seconds:.2f}" if audio_seconds > 0 else "n/a"
 
 
 def load_references(
     opts: SynthesisOptions, decoder: FireflyGenerator, num_codebooks: int
 ) -> list[Reference]:
-    """The reference voice of `--reference-audio` or `--reference-codes`, if any.
+    """The reference voice of `--reference-audio` or `--reference-codes`, if any (not both:
+    `check_synth_options`).
 
     Raises:
-        ValueError: both were given, or the file is invalid.
+        ValueError: the file is invalid.
     """
-    if opts.reference_audio is not None and opts.reference_codes is not None:
-        raise ValueError("give --reference-audio or --reference-codes, not both")
     if opts.reference_audio is not None:
         return [Reference(encode_reference(decoder, opts.reference_audio), opts.reference_text)]
     if opts.reference_codes is not None:
@@ -215,7 +258,10 @@ def load_references(
 def generate_with_reference_loop(
     model: DualARTransformer, tokenizer: FishTokenizer, request: GenerationRequest, console: Console
 ) -> torch.Tensor:
-    """All segments through the batch-1 reference loop; codes (nc, frames) on CPU."""
+    """All segments through the batch-1 reference loop; codes (nc, frames) on CPU.
+
+    The progress line counts frames after each segment (the loop runs a segment at once).
+    """
     plan = plan_long_text(
         tokenizer,
         model.config.num_codebooks,
@@ -239,10 +285,11 @@ def generate_with_reference_loop(
 
     segments = []
     with _progress(console) as progress:
-        task = progress.add_task("generating (reference loop)", total=len(plan.segments))
+        task = _add_task(progress, "generating (reference loop)", len(plan.segments))
         for codes in generate_long(plan, one_segment):
             segments.append(codes.cpu())
-            progress.advance(task)
+            frames = sum(c.shape[1] for c in segments)
+            progress.update(task, advance=1, frames=frames)
     return torch.cat(segments, dim=1)
 
 
@@ -251,6 +298,8 @@ def generate_with_engine(
 ) -> torch.Tensor:
     """One request through the paged-KV engine; codes (nc, frames) on CPU.
 
+    The progress line shows the segment and a live count of the audio frames generated.
+
     Raises:
         RuntimeError: the engine reported an error for the request.
     """
@@ -258,27 +307,35 @@ def generate_with_engine(
     engine.enqueue(seq)
     frames = []
     with _progress(console) as progress:
-        task = progress.add_task("generating", total=len(seq.plan.segments))
+        task = _add_task(progress, "generating", len(seq.plan.segments))
         while engine.has_work():
             for event in engine.step():
                 if event.codes is not None:
                     frames.append(event.codes)
                 if event.finish_reason == "error":
                     raise RuntimeError(event.error)
-            progress.update(task, completed=seq.segment + int(not engine.has_work()))
+            done = seq.segment + int(not engine.has_work())
+            progress.update(task, completed=done, frames=len(frames))
     if not frames:
         return torch.zeros(engine.model.config.num_codebooks, 0, dtype=torch.int64)
     return torch.stack(frames, dim=1)
 
 
 def _progress(console: Console) -> Progress:
+    """A progress line: description, bar, segment, frames generated so far, elapsed time."""
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        TextColumn("{task.completed}/{task.total} segments"),
+        TextColumn("segment {task.completed}/{task.total}"),
+        TextColumn("{task.fields[frames]} frames"),
         TimeElapsedColumn(),
         console=console,
     )
+
+
+def _add_task(progress: Progress, description: str, segments: int) -> TaskID:
+    """A task of `segments` steps with a `frames` field (0 to start with)."""
+    return progress.add_task(description, total=segments, frames=0)
 
 
 def run_encode(
@@ -288,11 +345,13 @@ def run_encode(
     decoder_config: Path | None,
     device: str,
     console: Console,
+    dtype: str = "auto",
 ) -> None:
-    """Audio file -> codes .npy (num_codebooks, T) int32."""
-    decoder = load_decoder(
-        decoder_checkpoint, decoder_config, None, resolve_device(device), dummy=False
-    )
+    """Audio file -> codes .npy (num_codebooks, T) int32; files are checked before loading."""
+    if not audio.is_file():
+        raise FileNotFoundError(f"audio file not found: {audio}")
+    check_output_path(output, "--output", CODES_SUFFIXES)
+    decoder = _load_cli_decoder(decoder_checkpoint, decoder_config, device, dtype)
     codes = encode_reference(decoder, audio)
     np.save(output, codes.numpy().astype(np.int32))
     console.print(f"wrote {output}: codes {tuple(codes.shape)}")
@@ -305,18 +364,26 @@ def run_decode(
     decoder_config: Path | None,
     device: str,
     console: Console,
+    dtype: str = "auto",
 ) -> None:
-    """Codes .npy -> .wav (16-bit) or .npy (float32 waveform)."""
-    decoder = load_decoder(
-        decoder_checkpoint, decoder_config, None, resolve_device(device), dummy=False
-    )
+    """Codes .npy -> audio by extension (wav, flac, mp3, ogg/opus) or .npy float32 waveform.
+
+    The codes file and the output path are checked before the decoder loads.
+    """
     codes = read_codes(codes_path)
+    check_output_path(output, "--output", AUDIO_OUTPUT_SUFFIXES)
+    decoder = _load_cli_decoder(decoder_checkpoint, decoder_config, device, dtype)
     groups = decoder.config.quantizer.n_groups
     if codes.shape[0] != groups:
         raise ValueError(f"{codes_path}: {codes.shape[0]} codebooks, the decoder needs {groups}")
     wave = decode_codes(decoder, codes)
-    if output.suffix == ".npy":
-        np.save(output, wave.astype(np.float32))
-    else:
-        write_wav(output, wave, decoder.config.sample_rate)
+    write_audio(output, wave, decoder.config.sample_rate)
     console.print(f"wrote {output}: {len(wave) / decoder.config.sample_rate:.2f} s")
+
+
+def _load_cli_decoder(
+    checkpoint: Path, config: Path | None, device: str, dtype: str
+) -> FireflyGenerator:
+    """The decoder of `encode`/`decode`: weights in `dtype` (auto: bf16 on GPU, fp32 on CPU)."""
+    dev = resolve_device(device)
+    return load_decoder(checkpoint, config, None, dev, dummy=False, dtype=resolve_dtype(dtype, dev))

@@ -7,6 +7,8 @@ import os
 # Before torch loads MKL: fixed threading keeps CPU results identical run to run (see
 # fishserve/__init__.py); the parity fixtures have near-ties by design.
 os.environ.setdefault("MKL_DYNAMIC", "FALSE")
+# MKL's conditional numerical reproducibility: results independent of buffer alignment.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 from pathlib import Path
 

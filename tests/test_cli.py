@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
+import av
 import numpy as np
 import pytest
 import soundfile as sf
@@ -12,6 +15,9 @@ from conftest import TINY_DECODER, TINY_T2S
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+import fishserve.audio.io as audio_io
+import fishserve.synthesis as synthesis
+from fishserve import __version__
 from fishserve.cli import app
 
 runner = CliRunner()
@@ -36,7 +42,10 @@ def long_case():
     )
 
 
-@pytest.mark.parametrize("loop", [[], ["--reference-loop"], ["--kv-cache-dtype", "fp32"]])
+# `--temperature 0` (after the 1e-5 below) is greedy too, as in the HTTP API.
+@pytest.mark.parametrize(
+    "loop", [[], ["--reference-loop"], ["--kv-cache-dtype", "fp32"], ["--temperature", "0"]]
+)
 def test_synth_reproduces_fixture_codes_and_wav_length(tmp_path, long_case, loop):
     cfg, case = long_case
     ref = tmp_path / "ref.npy"
@@ -151,3 +160,180 @@ def test_synth_with_reference_audio(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert sf.info(tmp_path / "o.wav").frames > 0
+
+
+@pytest.fixture
+def codes_file(tmp_path):
+    path = tmp_path / "c.npy"
+    np.save(path, np.random.default_rng(0).integers(0, 1000, size=(4, 12)).astype(np.int64))
+    return path
+
+
+def decoded_samples(path) -> tuple[str, int]:
+    """Container format name and sample count of an audio file (FFmpeg)."""
+    with av.open(str(path)) as container:
+        samples = sum(frame.samples for frame in container.decode(audio=0))
+        return container.format.name, samples
+
+
+@pytest.mark.parametrize(
+    ("suffix", "container", "samples"),
+    [
+        (".wav", "wav", 12 * FRAME_SAMPLES),
+        (".flac", "flac", 12 * FRAME_SAMPLES),
+        (".mp3", "mp3", 12 * FRAME_SAMPLES),
+        (".ogg", "ogg", round(12 * FRAME_SAMPLES * 48000 / 44100)),
+        (".opus", "ogg", round(12 * FRAME_SAMPLES * 48000 / 44100)),
+    ],
+)
+def test_decode_writes_the_format_of_the_extension(
+    tmp_path, codes_file, suffix, container, samples
+):
+    out = tmp_path / f"out{suffix}"
+    result = invoke("decode", *DECODER, "--codes", str(codes_file), "--output", str(out))
+    assert result.exit_code == 0, result.output
+    name, count = decoded_samples(out)
+    assert container in name.split(",")
+    assert abs(count - samples) <= (1152 if suffix == ".mp3" else 0)
+
+
+def test_synth_writes_flac_for_a_flac_output(tmp_path):
+    out = tmp_path / "o.flac"
+    result = invoke(
+        "synth", "--checkpoint", str(TINY_T2S), *DECODER, "--text", "Hi there.",
+        "--max-new-tokens", "6", "--output", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert sf.info(out).format == "FLAC" and sf.info(out).frames == 5 * FRAME_SAMPLES
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    """Any model load fails the test: checks must come first."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("models were loaded before the inputs were checked")
+
+    monkeypatch.setattr(synthesis, "load_text2semantic", refuse)
+    monkeypatch.setattr(synthesis, "load_decoder", refuse)
+
+
+SYNTH = ["synth", "--checkpoint", str(TINY_T2S), *DECODER, "--text", "Hi."]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([*SYNTH, "--output", "/nonexistent/x.wav"], "folder /nonexistent does not exist"),
+        ([*SYNTH, "--output", "x.xyz"], "use one of .wav, .flac, .mp3, .ogg, .opus, .npy"),
+        ([*SYNTH, "--output", "x"], "no extension"),
+        ([*SYNTH, "--output", "."], "no extension"),
+        ([*SYNTH, "--output", "dir.wav"], "is a folder"),
+        ([*SYNTH, "--output", "x.wav", "--codes-output", "/nonexistent/c.npy"], "does not exist"),
+        ([*SYNTH, "--output", "x.wav", "--codes-output", "c.txt"], "use one of .npy"),
+        ([*SYNTH, "--output", "x.wav", "--reference-audio", "nope.wav"], "not found"),
+        ([*SYNTH, "--output", "x.wav", "--max-new-tokens", "1"], ">= 2"),
+        (["decode", *DECODER, "--codes", "c.npy", "--output", "/nonexistent/d/x.wav"], "exist"),
+        (["decode", *DECODER, "--codes", "c.npy", "--output", "x.aac"], "extension '.aac'"),
+        (["encode", *DECODER, "--audio", "c.npy", "--output", "/nonexistent/e.npy"], "exist"),
+        (["encode", *DECODER, "--audio", "c.npy", "--output", "e.wav"], "use one of .npy"),
+    ],
+)
+def test_bad_outputs_fail_before_any_model_loads(
+    tmp_path, monkeypatch, no_model_loading, codes_file, args, message
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dir.wav").mkdir()
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert result.output.startswith("error:") and message in result.output
+
+
+def test_unwritable_output_folder(tmp_path, monkeypatch, no_model_loading):
+    real_access = os.access  # a read-only folder, as non-root users see it
+    monkeypatch.setattr(
+        audio_io.os, "access", lambda p, mode: not mode & os.W_OK and real_access(p, mode)
+    )
+    result = invoke(*SYNTH, "--output", str(tmp_path / "x.wav"))
+    assert result.exit_code == 2 and "no permission to write" in result.output
+
+
+def test_top_p_is_an_open_interval_at_zero():
+    result = invoke(*SYNTH, "--output", "x.wav", "--top-p", "0")
+    assert result.exit_code == 2 and "(0, 1]" in result.output
+    assert "0.0<=x<=1.0" not in invoke("synth", "--help").output
+
+
+def test_encode_and_decode_require_their_decoder_weights():
+    for command in ("encode", "decode"):
+        result = invoke(command, "--help")
+        assert "--checkpoint" not in result.output.replace("--decoder-checkpoint", "")
+        assert "--dtype" in result.output and "--threads" in result.output
+        source = "--audio" if command == "encode" else "--codes"
+        result = invoke(command, source, "c.npy", "--output", "x.npy")
+        assert result.exit_code == 2 and "Missing option '--decoder-checkpoint'" in result.output
+
+
+def test_decode_with_bf16_decoder_weights(tmp_path, codes_file):
+    out = tmp_path / "w.npy"
+    result = invoke("decode", *DECODER, "--codes", str(codes_file), "--output", str(out),
+                    "--dtype", "bf16", "--device", "cpu")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert np.load(out).dtype == np.float32
+
+
+@pytest.mark.parametrize("command", ["synth", "encode", "decode"])
+def test_threads_option_sets_torch_threads(tmp_path, codes_file, command):
+    args = {
+        "synth": [*SYNTH, "--max-new-tokens", "3", "--output", str(tmp_path / "x.wav")],
+        "encode": ["encode", *DECODER, "--audio", str(tmp_path / "w.npy")],
+        "decode": ["decode", *DECODER, "--codes", str(codes_file)],
+    }[command]
+    np.save(tmp_path / "w.npy", np.zeros(4096, dtype=np.float32) + 0.1)
+    out = ["--output", str(tmp_path / "o.npy")] if command != "synth" else []
+    try:
+        result = invoke(*args, *out, "--threads", "2")
+        assert result.exit_code == 0, result.output
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)  # conftest's setting
+
+
+@pytest.mark.parametrize(
+    ("loop", "description"), [([], "generating"), (["--reference-loop"], "reference loop")]
+)
+def test_progress_counts_frames(tmp_path, loop, description):
+    result = invoke(*SYNTH, "--max-new-tokens", "6", "--output", str(tmp_path / "x.wav"), *loop)
+    assert result.exit_code == 0, result.output
+    assert description in result.output and "5 frames" in result.output.split("wrote")[0]
+
+
+def test_random_weights_warning_is_two_unwrapped_lines(tmp_path):
+    result = runner.invoke(
+        app,
+        [*SYNTH, "--load-format", "dummy", "--max-new-tokens", "3", "--output",
+         str(tmp_path / "x.wav")],
+        env={"COLUMNS": "50"},
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    first = lines.index("WARNING: RANDOM weights: the audio is noise, not speech.")
+    assert lines[first + 1].startswith("For speech: --checkpoint ")
+    assert lines[first + 1].endswith("(README: Real weights).")
+    assert all(len(line) <= 80 for line in lines[first : first + 2])
+
+
+def test_version_and_log_level_flags():
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.output.strip() == f"fishserve {__version__}"
+    help_text = invoke("--help").output
+    assert "--quiet" in help_text and "[default: info logging]" in help_text
+
+
+def test_max_new_tokens_zero_means_until_the_context_is_full():
+    opts = synthesis.SynthesisOptions(text="Hi.", output=Path("x.wav"), max_new_tokens=0)
+    synthesis.check_synth_options(opts)  # no error
+    assert synthesis.sampling_params(
+        synthesis.SynthesisOptions(text="Hi.", output=Path("x.wav"), temperature=0)
+    ).temperature == pytest.approx(1e-5)

@@ -1,4 +1,4 @@
-"""Audio file decoding (reference voices) and WAV writing.
+"""Audio file decoding (reference voices) and writing (by extension), output path checks.
 
 ``load_audio`` decodes anything PyAV/FFmpeg reads (wav, flac, mp3, ogg/vorbis, ogg/opus, m4a, ...)
 plus raw float ``.npy`` arrays, averages channels to mono and resamples with soxr (high quality)
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import logging
+import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import av
@@ -16,10 +18,30 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-__all__ = ["AudioDecodeError", "AudioTooLongError", "EmptyAudioError", "load_audio", "write_wav"]
+from fishserve.audio.encoders import AudioFormat, encode_audio
+
+__all__ = [
+    "AUDIO_OUTPUT_SUFFIXES",
+    "AudioDecodeError",
+    "AudioTooLongError",
+    "EmptyAudioError",
+    "check_output_path",
+    "load_audio",
+    "write_audio",
+    "write_wav",
+]
 
 log = logging.getLogger(__name__)
 _NPY_MAGIC = b"\x93NUMPY"
+# Output file extension -> encoder format; `.npy` is the raw float32 waveform.
+AUDIO_OUTPUT_SUFFIXES: dict[str, AudioFormat | None] = {
+    ".wav": AudioFormat.WAV,
+    ".flac": AudioFormat.FLAC,
+    ".mp3": AudioFormat.MP3,
+    ".ogg": AudioFormat.OPUS,
+    ".opus": AudioFormat.OPUS,
+    ".npy": None,
+}
 
 
 class AudioDecodeError(ValueError):
@@ -96,6 +118,58 @@ def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> None:
         raise ValueError(f"sample_rate must be positive, got {sample_rate}")
     clipped = np.clip(np.nan_to_num(audio, nan=0.0), -1.0, 1.0)
     sf.write(str(path), clipped, int(sample_rate), subtype="PCM_16", format="WAV")
+
+
+def write_audio(path: str | Path, audio: np.ndarray, sample_rate: int) -> None:
+    """Write mono float audio in the format its extension names (`AUDIO_OUTPUT_SUFFIXES`):
+    16-bit wav, flac, mp3, opus in ogg (`.ogg`/`.opus`, 48 kHz), or `.npy` float32 samples.
+
+    Raises:
+        ValueError: an unsupported extension, or bad audio (see `encode_audio`).
+        OSError: the file cannot be written.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in AUDIO_OUTPUT_SUFFIXES:
+        raise ValueError(_suffix_message(path, AUDIO_OUTPUT_SUFFIXES))
+    fmt = AUDIO_OUTPUT_SUFFIXES[suffix]
+    if fmt is None:
+        np.save(path, np.asarray(audio, dtype=np.float32))
+    else:
+        path.write_bytes(encode_audio(audio, sample_rate, fmt))
+
+
+def check_output_path(path: str | Path, option: str, suffixes: Iterable[str]) -> None:
+    """Fail early, before any work, if `path` cannot be written as an output file.
+
+    Args:
+        path: the output file.
+        option: its command-line option, for the message (e.g. `--output`).
+        suffixes: the accepted extensions (lower case, with the dot).
+
+    Raises:
+        ValueError: the extension is not one of `suffixes` (the message lists them).
+        FileNotFoundError: the folder does not exist.
+        IsADirectoryError: `path` is a folder.
+        PermissionError: the folder (or an existing file) is not writable.
+    """
+    path = Path(path)
+    allowed = list(suffixes)
+    if path.suffix.lower() not in allowed:
+        raise ValueError(f"{option}: {_suffix_message(path, allowed)}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{option} {path}: folder {folder} does not exist")
+    if path.is_dir():
+        raise IsADirectoryError(f"{option} {path} is a folder, not a file")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise PermissionError(f"{option} {path}: no permission to write there")
+
+
+def _suffix_message(path: Path, suffixes: Iterable[str]) -> str:
+    """`PATH has extension '.x'; use one of ...`."""
+    given = f"extension {path.suffix!r}" if path.suffix else "no extension"
+    return f"{path} has {given}; use one of {', '.join(suffixes)}"
 
 
 def _read_source(source: str | Path | bytes) -> tuple[bytes, str]:

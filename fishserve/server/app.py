@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hmac
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -41,10 +43,15 @@ _ABORTED: ContextVar[bool] = ContextVar("fishserve_response_aborted", default=Fa
 
 
 def create_app(
-    config: ServerConfig, build: Callable[[ServerConfig], Runtime] = build_runtime
+    config: ServerConfig,
+    build: Callable[[ServerConfig], Runtime] = build_runtime,
+    runtime: Runtime | None = None,
 ) -> FastAPI:
-    """Build the app; models load at start-up unless `config.lazy_load`."""
-    state = ServerState(config, build)
+    """Build the app around `runtime` (models already loaded, as `fishserve serve` does so
+    that load errors come before the server starts), else one `build` makes at start-up, or
+    on the first request with `config.lazy_load`. `build` also reloads after an idle unload.
+    """
+    state = ServerState(config, build, runtime)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -72,6 +79,37 @@ def create_app(
     app.add_middleware(GuardMiddleware, state=state)
     _quiet_uvicorn_abort_line()
     return app
+
+
+def check_port(host: str, port: int) -> None:
+    """Check that a server can listen on `host`:`port` (bind sockets to every address `host`
+    resolves to, as asyncio's server does, then close them), so that a port in use is
+    reported before the models load.
+
+    Raises:
+        OSError: the address does not resolve, or cannot be bound (in use, no permission).
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    with contextlib.ExitStack() as sockets:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = sockets.enter_context(socket.socket(family, kind, proto))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                raise OSError(f"cannot listen on {host}:{port}: {_bind_problem(exc)}") from None
+
+
+def _bind_problem(exc: OSError) -> str:
+    """What went wrong binding a socket, with a hint when the port is taken."""
+    if exc.errno == errno.EADDRINUSE:
+        return f"{exc.strerror} (another server is running there: stop it or pick another --port)"
+    return exc.strerror or str(exc)
 
 
 class GuardMiddleware:

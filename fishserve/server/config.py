@@ -1,26 +1,41 @@
 """Server settings from defaults, a YAML file, environment variables and CLI flags.
 
 Precedence, lowest first: built-in defaults < `--config serve.yaml` < `FISHSERVE_<KEY>`
-environment variables < command-line flags. Keys are the same everywhere (`kv_cache_dtype`
-in YAML, `FISHSERVE_KV_CACHE_DTYPE` in the environment, `--kv-cache-dtype` on the CLI).
+environment variables < command-line flags. Every setting has the same name everywhere:
+`gpu_memory_budget` (or `gpu-memory-budget`) in YAML, `FISHSERVE_GPU_MEMORY_BUDGET` in the
+environment, `--gpu-memory-budget` on the command line. `memory_budget` is an accepted alias
+of `gpu_memory_budget`.
 """
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
+log = logging.getLogger(__name__)
 ENV_PREFIX = "FISHSERVE_"
+# Other names accepted for a setting (alias -> setting).
+ALIASES = {"memory_budget": "gpu_memory_budget"}
+# FISHSERVE_* variables read elsewhere, not settings (no "unknown variable" warning).
+OTHER_ENV_VARS = frozenset({"FISHSERVE_FUSION"})
+# Frames per segment when a request does not say (spec §5: the reference HTTP API's 1024).
+DEFAULT_MAX_NEW_TOKENS = 1024
+# Random weights rarely sample <|im_end|>: cap a segment at ~3 s of audio instead.
+RANDOM_WEIGHTS_MAX_NEW_TOKENS = 64
 
 
 class ServerConfig(BaseModel):
-    """Every setting of `fishserve serve` (see `fishserve serve --help`)."""
+    """Every setting of `fishserve serve` (see `fishserve serve --help` and the README)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # YAML reads `gpu_memory_budget: 0.9` or `api_key: 1234` as numbers: take them as text.
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
 
     # models
     checkpoint: Path | None = None
@@ -29,14 +44,18 @@ class ServerConfig(BaseModel):
     load_format: Literal["auto", "dummy"] = "auto"
     device: str = "auto"
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    threads: int | None = Field(None, ge=1)
     # engine
     kv_cache_dtype: Literal["auto", "fp32", "bf16", "fp16", "int8", "fp8"] = "auto"
     block_size: int = Field(16, ge=1, le=1024)
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(2048, ge=1)
-    memory_budget: str | None = None
+    gpu_memory_budget: str | None = Field(
+        None, validation_alias=AliasChoices("gpu_memory_budget", "memory_budget")
+    )
     num_kv_blocks: int | None = Field(None, ge=1)
     enforce_eager: bool = False
+    default_max_new_tokens: int | None = Field(None, ge=2, le=8192)
     # audio
     first_chunk_frames: int = Field(10, ge=1)
     chunk_frames: int = Field(64, ge=1)
@@ -54,33 +73,110 @@ class ServerConfig(BaseModel):
     lazy_load: bool = False
     idle_unload_seconds: float = Field(0.0, ge=0)
 
+    @property
+    def random_weights(self) -> bool:
+        """True when the server runs random weights (no checkpoint, or `load_format` dummy)."""
+        return self.checkpoint is None or self.load_format == "dummy"
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Frames per segment for requests that do not say: `default_max_new_tokens`, else
+        1024 with real weights and 64 with random weights."""
+        if self.default_max_new_tokens is not None:
+            return self.default_max_new_tokens
+        return RANDOM_WEIGHTS_MAX_NEW_TOKENS if self.random_weights else DEFAULT_MAX_NEW_TOKENS
+
     @classmethod
     def load(
         cls,
         yaml_path: Path | None = None,
         overrides: dict[str, Any] | None = None,
-        environ: dict[str, str] | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> ServerConfig:
         """Merge the sources in precedence order and validate.
 
+        Unknown `FISHSERVE_*` environment variables are logged (a warning) and ignored.
+
         Raises:
             FileNotFoundError: the YAML file does not exist.
-            ValueError: unknown keys or invalid values (the message names them).
+            ValueError: unknown keys or invalid values, one line per bad setting naming it,
+                its value and where it came from.
         """
         values: dict[str, Any] = {}
+        origins: dict[str, str] = {}
         if yaml_path is not None:
-            if not Path(yaml_path).is_file():
-                raise FileNotFoundError(f"config file not found: {yaml_path}")
-            loaded = yaml.safe_load(Path(yaml_path).read_text()) or {}
-            if not isinstance(loaded, dict):
-                raise ValueError(f"{yaml_path}: expected a mapping of settings")
-            values.update({k.replace("-", "_"): v for k, v in loaded.items()})
+            for key, value in _read_yaml(Path(yaml_path)).items():
+                _put(values, origins, str(key).replace("-", "_"), value, str(yaml_path))
         env = os.environ if environ is None else environ
-        for key in cls.model_fields:
-            if ENV_PREFIX + key.upper() in env:
-                values[key] = env[ENV_PREFIX + key.upper()]
-        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        for name in _env_names(env):
+            _put(values, origins, name[len(ENV_PREFIX) :].lower(), env[name], name)
+        for key, value in (overrides or {}).items():
+            if value is not None:
+                _put(values, origins, key, value, "--" + key.replace("_", "-"))
         try:
             return cls.model_validate(values)
         except ValidationError as exc:
-            raise ValueError(f"invalid server settings: {exc}") from None
+            raise ValueError(settings_error(exc, origins)) from None
+
+
+def _read_yaml(path: Path) -> dict[Any, Any]:
+    """The mapping in a YAML settings file.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: not YAML, or not a mapping.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path} is not valid YAML: {exc}".splitlines()[0]) from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: expected a mapping of settings (key: value lines)")
+    return loaded
+
+
+def _put(
+    values: dict[str, Any], origins: dict[str, str], key: str, value: Any, origin: str
+) -> None:
+    """Set `values[key]` (an alias stands for its setting) and note where it came from."""
+    key = ALIASES.get(key, key)
+    values[key] = value
+    origins[key] = origin
+
+
+def _env_names(env: Mapping[str, str]) -> list[str]:
+    """The `FISHSERVE_*` variables that name settings; warns about the others."""
+    known = set(ServerConfig.model_fields) | set(ALIASES)
+    names = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name in OTHER_ENV_VARS:
+            continue
+        if name[len(ENV_PREFIX) :].lower() in known:
+            names.append(name)
+        else:
+            log.warning("ignoring unknown environment variable %s%s", name, _suggest(name))
+    return names
+
+
+def _suggest(name: str) -> str:
+    """`; did you mean X?` for a misspelt setting or variable name, else ``."""
+    bare = name.removeprefix(ENV_PREFIX).lower().replace("-", "_")
+    match = difflib.get_close_matches(bare, list(ServerConfig.model_fields), n=1)
+    if not match:
+        return ""
+    return f"; did you mean {ENV_PREFIX + match[0].upper() if name != bare else match[0]}?"
+
+
+def settings_error(exc: ValidationError, origins: Mapping[str, str]) -> str:
+    """One readable line per bad setting: its name, value, source and what is wrong."""
+    lines = ["invalid server settings:"]
+    for err in exc.errors(include_url=False):
+        key = str(err["loc"][0]) if err["loc"] else "settings"
+        key = ALIASES.get(key, key)
+        where = origins.get(key, "default")
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  {key} (from {where}): unknown setting{_suggest(key)}")
+        else:
+            lines.append(f"  {key} = {err['input']!r} (from {where}): {err['msg']}")
+    return "\n".join(lines)

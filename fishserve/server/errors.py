@@ -23,6 +23,7 @@ from fishserve.engine.async_engine import EngineBusyError, EngineDeadError
 from fishserve.engine.engine import KVPoolTooSmallError
 from fishserve.engine.reference import PromptTooLongError
 from fishserve.server.service import ContextFullError, SynthesisError, SynthesisTimeoutError
+from fishserve.server.state import ModelLoadError
 from fishserve.server.voices import InvalidVoiceIdError, VoiceExistsError, VoiceNotFoundError
 
 log = logging.getLogger(__name__)
@@ -69,13 +70,16 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (KVPoolTooSmallError, 400),
     (EngineBusyError, 429),
     (EngineDeadError, 503),
+    (ModelLoadError, 503),
     (SynthesisTimeoutError, 504),
     (ContextFullError, 400),
     (SynthesisError, 500),
     (ValueError, 400),
 ]
 # 5xx failures that are not bugs: the engine or the decoder has logged the cause already.
-_QUIET_SERVER_ERRORS = (SynthesisError, EngineDeadError)
+_QUIET_SERVER_ERRORS = (SynthesisError, EngineDeadError, ModelLoadError)
+# pydantic error types whose message names our model classes ("... or instance of TTSRequest").
+_NOT_AN_OBJECT = frozenset({"model_type", "model_attributes_type", "dict_type"})
 
 
 # Exception types given our JSON error body by `handle_any` (Starlette's ExceptionMiddleware).
@@ -153,7 +157,8 @@ def validation_message(exc: ValidationError | RequestValidationError) -> tuple[s
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"] if x != "body")
         first = first or loc or None
-        parts.append(f"{loc or 'body'}: {err['msg']}")
+        message = "expected a JSON object" if err["type"] in _NOT_AN_OBJECT else err["msg"]
+        parts.append(f"{loc or 'body'}: {message}")
     return "; ".join(parts), first
 
 

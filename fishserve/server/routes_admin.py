@@ -11,11 +11,11 @@ from fastapi.responses import JSONResponse, Response
 
 from fishserve.server.errors import ApiError
 from fishserve.server.routes_tts import DEFAULT_VOICE, parse_body
-from fishserve.server.schemas import ReferenceIdBody
 from fishserve.server.state import ServerState
 from fishserve.server.voices import validate_voice_id
 
 router = APIRouter()
+ADD_USAGE = "use multipart/form-data with fields id, audio, text"
 
 
 def _state(request: Request) -> ServerState:
@@ -25,8 +25,8 @@ def _state(request: Request) -> ServerState:
 @router.post("/v1/references/add")
 async def add_reference(
     request: Request,
-    id: Annotated[str, Form()],
-    audio: Annotated[UploadFile, File()],
+    id: Annotated[str | None, Form()] = None,
+    audio: Annotated[UploadFile | None, File()] = None,
     text: Annotated[str, Form()] = "",
 ) -> JSONResponse:
     """Store a voice: multipart `id`, `audio` (any common container), `text` (transcript).
@@ -35,6 +35,12 @@ async def add_reference(
     and never stored. The id "default" is reserved (OpenAI's `voice` for no reference).
     """
     state = _state(request)
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "multipart/form-data":
+        raise ApiError(415, f"{ADD_USAGE} (got {kind or 'no content type'})")
+    if id is None or audio is None:
+        missing = " and ".join(n for n, v in (("id", id), ("audio", audio)) if v is None)
+        raise ApiError(422, f"{missing} missing: {ADD_USAGE}", "id" if id is None else "audio")
     validate_voice_id(id)
     if id == DEFAULT_VOICE:
         raise ApiError(400, f"voice id {DEFAULT_VOICE!r} is reserved (it means no reference)", "id")
@@ -61,12 +67,30 @@ async def delete_reference(request: Request) -> JSONResponse:
     query = request.query_params
     voice_id = query.get("reference_id", query.get("id"))
     if voice_id is None:
-        body = await parse_body(request)
-        voice_id = None if body is None else ReferenceIdBody.model_validate(body).reference_id
+        voice_id = reference_id_of(await parse_body(request))
     if not voice_id:
         raise ApiError(400, "reference_id is required", "reference_id")
     await asyncio.to_thread(_state(request).voices.delete, voice_id)
     return JSONResponse({"success": True, "message": "reference deleted", "reference_id": voice_id})
+
+
+def reference_id_of(body: object) -> str | None:
+    """`reference_id` (or `id`) of a delete body; None for no body.
+
+    Raises:
+        ApiError 422: not a JSON object, unknown fields, or the id is not a string.
+    """
+    if body is None:
+        return None
+    if not isinstance(body, dict):
+        raise ApiError(422, 'expected a JSON object like {"reference_id": "..."}')
+    unknown = sorted(set(body) - {"reference_id", "id"})
+    if unknown:
+        raise ApiError(422, f"unknown field(s) {', '.join(unknown)}: send reference_id", unknown[0])
+    voice_id = body.get("reference_id", body.get("id"))
+    if voice_id is not None and not isinstance(voice_id, str):
+        raise ApiError(422, "reference_id must be a string", "reference_id")
+    return voice_id
 
 
 def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
@@ -75,20 +99,22 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
     config = state.config
     model = {
         "checkpoint": str(config.checkpoint) if config.checkpoint else None,
-        "load_format": "dummy" if config.checkpoint is None else config.load_format,
+        "load_format": "dummy" if config.random_weights else config.load_format,
         "dtype": config.dtype,
         "kv_cache_dtype": config.kv_cache_dtype,
         "device": config.device,
     }
     if runtime is None:
+        waits = (config.lazy_load or config.idle_unload_seconds) and state.load_error is None
         return {
-            "status": "ok" if config.lazy_load or config.idle_unload_seconds else "unhealthy",
+            "status": "ok" if waits else "unhealthy",
             "loaded": False,
+            "error": state.load_error,
             "model": model,
             "requests": None,
             "kv_cache": None,
             "gpu_memory": None,
-        }, 200
+        }, 200 if waits else 503
     stats = runtime.engine.stats()
     layout = runtime.engine.engine.cache.layout
     status = "ok"
@@ -104,6 +130,7 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
     report = {
         "status": status,
         "loaded": True,
+        "error": None if runtime.engine.alive else "the engine thread has stopped",
         "model": model,
         "requests": {"running": stats.running, "waiting": stats.waiting},
         "kv_cache": {

@@ -13,18 +13,23 @@ from fastapi.responses import Response
 from fishserve.audio.encoders import AudioFormat, encode_audio, response_headers
 from fishserve.engine.engine import GenerationRequest
 from fishserve.engine.sampling import MIN_TEMPERATURE, SamplingParams
-from fishserve.models.prompt import HISTORY_RESERVE
+from fishserve.models.prompt import HISTORY_RESERVE, Reference
 from fishserve.server.errors import ApiError
 from fishserve.server.normalize import normalize_text
+from fishserve.server.runtime import Runtime
 from fishserve.server.schemas import SpeechRequest, TTSRequest
 from fishserve.server.service import InlineReference, resolve_references, stream_audio
 from fishserve.server.state import ServerState
 from fishserve.server.streaming import collect, sse_response, streaming_response
+from fishserve.server.voices import VoiceNotFoundError
 
 router = APIRouter()
 # Spec §5: the reference HTTP API keeps a 4,096-position history window.
 HTTP_MAX_LENGTH = 4096
 DEFAULT_VOICE = "default"  # OpenAI `voice` meaning "no reference: the model's own voice"
+# OpenAI's built-in voices: not stored here, so a 404 with a hint.
+_OPENAI_NAMES = "alloy ash ballad cedar coral echo fable marin nova onyx sage shimmer verse"
+OPENAI_VOICES = frozenset(_OPENAI_NAMES.split(" "))
 
 
 async def parse_body(request: Request) -> Any:
@@ -106,12 +111,13 @@ async def tts(request: Request) -> Response:
         params = SamplingParams(
             max(body.temperature, MIN_TEMPERATURE), body.top_p, body.repetition_penalty, body.seed
         )
+        given = "max_new_tokens" in body.model_fields_set
         gen = GenerationRequest(
             text,
             refs,
             params,
             body.chunk_length,
-            body.max_new_tokens,
+            body.max_new_tokens if given else state.config.max_new_tokens,
             history_window(runtime.max_seq_len),
             body.ignore_eos,
         )
@@ -143,9 +149,10 @@ async def speech(request: Request) -> Response:
     fmt = AudioFormat(body.response_format)
     voice = None if body.voice == DEFAULT_VOICE else body.voice
     async with state.request() as runtime:
-        refs = await resolve_references(runtime, state.voices, voice, [])
+        refs = await speech_references(runtime, state, voice)
         window = history_window(runtime.max_seq_len)
-        gen = GenerationRequest(text, refs, SamplingParams(), 200, 1024, window)
+        max_new_tokens = state.config.max_new_tokens
+        gen = GenerationRequest(text, refs, SamplingParams(), 200, max_new_tokens, window)
         chunks = stream_audio(runtime, gen, state.metrics, state.config.request_timeout)
         headers = response_headers(fmt, runtime.sample_rate)
         if body.instructions:
@@ -153,3 +160,23 @@ async def speech(request: Request) -> Response:
         if body.stream_format == "sse":
             return await sse_response(state, chunks, fmt, runtime.sample_rate, headers)
         return await streaming_response(state, chunks, fmt, runtime.sample_rate, headers)
+
+
+async def speech_references(
+    runtime: Runtime, state: ServerState, voice: str | None
+) -> list[Reference]:
+    """The stored voice `voice` (None: no reference).
+
+    Raises:
+        VoiceNotFoundError: unknown voice; for OpenAI's built-in names the message says what
+            to use instead.
+    """
+    try:
+        return await resolve_references(runtime, state.voices, voice, [])
+    except VoiceNotFoundError as exc:
+        if voice not in OPENAI_VOICES:
+            raise
+        raise VoiceNotFoundError(
+            f"{exc}: OpenAI's built-in voices are not available here; use voice "
+            f"'{DEFAULT_VOICE}' or add a voice via /v1/references/add"
+        ) from None

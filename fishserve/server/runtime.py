@@ -16,7 +16,7 @@ from fishserve.models.firefly import FireflyGenerator
 from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
 from fishserve.server.config import ServerConfig
 from fishserve.server.decode_worker import DecodeWorker
-from fishserve.synthesis import load_decoder
+from fishserve.synthesis import DECODER_FILENAME, load_decoder
 
 log = logging.getLogger(__name__)
 # Free device memory below this fraction of the total makes the server refuse new work (503).
@@ -87,16 +87,46 @@ def decoder_workspace_bytes(decoder: FireflyGenerator, policy: ChunkPolicy, max_
     return weights + max_batch * samples * DECODER_BYTES_PER_SAMPLE_PER_ELEM * elem
 
 
+def check_settings(config: ServerConfig) -> None:
+    """Find what would make `build_runtime` fail, without loading anything: the device, the
+    memory budget, the model files.
+
+    Raises:
+        ValueError: CUDA asked for but absent, a bad budget, a fraction of GPU memory on CPU.
+        FileNotFoundError: a checkpoint folder, decoder weights or decoder config is missing.
+    """
+    device = resolve_device(config.device)
+    if config.gpu_memory_budget is not None:
+        budget = parse_memory_size(config.gpu_memory_budget)
+        if isinstance(budget, float) and device.type != "cuda":
+            raise ValueError(
+                f"gpu_memory_budget {config.gpu_memory_budget!r} is a fraction of GPU memory, "
+                f"but the device is {device}: give a size such as 4GiB"
+            )
+    if config.checkpoint is not None and not config.checkpoint.is_dir():
+        raise FileNotFoundError(f"checkpoint folder not found: {config.checkpoint}")
+    for name in ("decoder_checkpoint", "decoder_config"):
+        path = getattr(config, name)
+        if path is not None and not path.is_file():
+            raise FileNotFoundError(f"{name} file not found: {path}")
+    folder = config.checkpoint
+    needs_file = config.decoder_checkpoint is None and not config.random_weights
+    if needs_file and folder is not None and not (folder / DECODER_FILENAME).is_file():
+        raise FileNotFoundError(
+            f"no decoder weights: pass --decoder-checkpoint or put {DECODER_FILENAME} in {folder}"
+        )
+
+
 def build_runtime(config: ServerConfig) -> Runtime:
     """Load the models and start the engine and decoder threads.
 
     Raises:
-        FileNotFoundError, ValueError: bad model paths or settings.
+        FileNotFoundError, ValueError: bad model paths or settings (see `check_settings`),
+            or a memory budget too small for the models (`InsufficientMemoryError`).
     """
+    check_settings(config)
     device = resolve_device(config.device)
-    dummy = config.load_format == "dummy" or config.checkpoint is None
-    if dummy:
-        log.warning("no checkpoint (or --load-format dummy): RANDOM weights, output is noise")
+    dummy = config.random_weights
     weight_dtype = resolve_dtype(config.dtype, device)
     model, tokenizer = load_text2semantic(
         config.checkpoint,
@@ -115,7 +145,7 @@ def build_runtime(config: ServerConfig) -> Runtime:
         decoder_dtype,
     )
     policy = ChunkPolicy(config.first_chunk_frames, config.chunk_frames)
-    budget = parse_memory_size(config.memory_budget) if config.memory_budget else None
+    budget = parse_memory_size(config.gpu_memory_budget) if config.gpu_memory_budget else None
     engine = LLMEngine(
         model,
         tokenizer,
@@ -126,6 +156,7 @@ def build_runtime(config: ServerConfig) -> Runtime:
             max_num_batched_tokens=config.max_num_batched_tokens,
             memory_budget=budget,
             num_kv_blocks=config.num_kv_blocks,
+            enforce_eager=config.enforce_eager,
             decoder_workspace_bytes=decoder_workspace_bytes(
                 decoder, policy, config.max_decode_batch
             ),

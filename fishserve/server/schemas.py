@@ -61,6 +61,7 @@ class TTSRequest(BaseModel):
     normalize: bool = True
     streaming: bool = False
     # Frames per segment; the first frame of a segment is never audio (spec §6.2), so >= 2.
+    # Not given: the server's `default_max_new_tokens` (1024; 64 with random weights).
     max_new_tokens: Annotated[int, Field(ge=2, le=8192)] = 1024
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 0.7
     repetition_penalty: Annotated[float, Field(ge=0.9, le=2.0)] = 1.2
@@ -81,14 +82,6 @@ class SpeechRequest(BaseModel):
     speed: Annotated[float, Field(ge=0.25, le=4.0)] = 1.0
     stream_format: Literal["audio", "sse"] = "audio"
     instructions: str | None = Field(default=None, max_length=4096)
-
-
-class ReferenceIdBody(BaseModel):
-    """Body of `DELETE /v1/references/delete`: `reference_id` (or `id`)."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    reference_id: str = Field(alias="id", min_length=1)
 
 
 class ErrorBody(BaseModel):

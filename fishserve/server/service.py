@@ -187,9 +187,5 @@ def _record_finish(timing: Synthesis, metrics: Metrics, sample_rate: int) -> Non
     if seconds > 0:
         metrics.rtf.observe(elapsed / seconds)
     metrics.success.labels(finished_reason="stop").inc()
-    log.info(
-        "request done: %.2f s audio in %.2f s (RTF %.2f)",
-        seconds,
-        elapsed,
-        elapsed / seconds if seconds else float("nan"),
-    )
+    rtf = f"{elapsed / seconds:.2f}" if seconds > 0 else "n/a"
+    log.info("request done: %.2f s audio in %.2f s (RTF %s)", seconds, elapsed, rtf)

@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
+from fishserve.errors import USER_ERRORS
 from fishserve.server.config import ServerConfig
 from fishserve.server.metrics import Metrics
 from fishserve.server.runtime import Runtime
@@ -16,16 +17,26 @@ from fishserve.server.voices import VoiceStore
 log = logging.getLogger(__name__)
 
 
+class ModelLoadError(RuntimeError):
+    """The models could not be loaded (HTTP 503; /health says "unhealthy" and why)."""
+
+
 class ServerState:
     """Holds the runtime, loading it on first use when `lazy_load` is set and unloading it
     after `idle_unload_seconds` without requests (0 = never)."""
 
-    def __init__(self, config: ServerConfig, build: Callable[[ServerConfig], Runtime]) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        build: Callable[[ServerConfig], Runtime],
+        runtime: Runtime | None = None,
+    ) -> None:
         self.config = config
         self.voices = VoiceStore(config.references_dir)
         self.metrics = Metrics()
         self._build = build
-        self._runtime: Runtime | None = None
+        self._runtime = runtime
+        self.load_error: str | None = None  # why the last load failed; None after a success
         self._lock = asyncio.Lock()
         self.active_requests = 0
         self.last_activity = time.monotonic()
@@ -36,11 +47,22 @@ class ServerState:
         return self._runtime
 
     async def load(self) -> Runtime:
-        """The runtime, loading it (in a worker thread) if needed."""
+        """The runtime, loading it (in a worker thread) if needed; a failed load is tried
+        again by the next call.
+
+        Raises:
+            ModelLoadError: the models failed to load (the message says why).
+        """
         async with self._lock:
             if self._runtime is None:
                 log.info("loading models")
-                self._runtime = await asyncio.to_thread(self._build, self.config)
+                try:
+                    self._runtime = await asyncio.to_thread(self._build, self.config)
+                except Exception as exc:
+                    self.load_error = _describe(exc)
+                    log.error("loading models failed: %s", self.load_error, exc_info=_bug(exc))
+                    raise ModelLoadError(f"the models failed to load: {self.load_error}") from exc
+                self.load_error = None
             return self._runtime
 
     async def unload(self) -> None:
@@ -76,3 +98,13 @@ class ServerState:
             if self._runtime is not None and self.active_requests == 0 and idle >= limit:
                 log.info("unloading models after %.0f s idle", idle)
                 await self.unload()
+
+
+def _bug(exc: Exception) -> Exception | None:
+    """`exc` when its traceback is worth logging (not a bad path or setting), else None."""
+    return None if isinstance(exc, USER_ERRORS) else exc
+
+
+def _describe(exc: Exception) -> str:
+    """The message of an expected load failure; type and message of anything else."""
+    return str(exc) if isinstance(exc, USER_ERRORS) else f"{type(exc).__name__}: {exc}"

@@ -11,6 +11,9 @@ in one line and then:
 
 Either way the encoder is finished (its FFmpeg resources freed) and the generation cancelled,
 also when the client goes away.
+
+SSE `speech.audio.delta` events always carry audio: an encoder call that returned no bytes
+(the end of a wav/pcm stream, an mp3 frame still filling) sends no event.
 """
 
 from __future__ import annotations
@@ -141,10 +144,13 @@ async def sse_response(
         encoder = OffloadedEncoder(fmt, sample_rate)
         with state.busy():
             try:
-                yield _delta(await encoder.push(first))
+                if data := await encoder.push(first):
+                    yield _delta(data)
                 async for chunk in chunks:
-                    yield _delta(await encoder.push(chunk))
-                yield _delta(await encoder.finish())
+                    if data := await encoder.push(chunk):
+                        yield _delta(data)
+                if data := await encoder.finish():
+                    yield _delta(data)
                 yield _event(_DONE)
             except Exception as exc:
                 message = log_stream_failure(exc, "SSE stream")

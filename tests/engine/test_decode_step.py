@@ -137,7 +137,8 @@ def test_profiling_dummy_step_runs_on_cpu(tiny_model):
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_gpu_activation_peak_is_measured(tiny_tokenizer):
     model = load_tiny_model().cuda()
-    engine = make_engine(model, tiny_tokenizer, num_kv_blocks=None, memory_budget=2**30,
-                         enforce_eager=True)
+    engine = make_engine(
+        model, tiny_tokenizer, num_kv_blocks=None, memory_budget=2**30, enforce_eager=True
+    )
     assert 0 < engine.memory.activations < 2**30
     assert engine.blocks.num_blocks == engine.memory.num_blocks

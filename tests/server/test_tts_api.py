@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import logging
 import threading
 import time
 
@@ -12,6 +14,9 @@ import ormsgpack
 import pytest
 import soundfile as sf
 from conftest import LiveServer, tiny_server_config
+
+from fishserve.server.metrics import Metrics
+from fishserve.server.service import Synthesis, _record_finish
 
 FRAME_SAMPLES = 256  # tiny decoder
 FIXED = {"max_new_tokens": 12, "ignore_eos": True, "seed": 7}
@@ -193,3 +198,33 @@ def test_health_and_metrics(server):
         "fishserve:request_success_total",
     ):
         assert name in text
+
+
+def test_sse_deltas_always_carry_audio(server):
+    body = {"input": "Every event has audio.", "voice": "default", "response_format": "wav"}
+    response = httpx.post(
+        server.url + "/v1/audio/speech", json={**body, "stream_format": "sse"}, timeout=120
+    )
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line[:6] == "data: "]
+    deltas = [e["audio"] for e in events if e["type"] == "speech.audio.delta"]
+    assert deltas and all(deltas)
+    assert events[-1]["type"] == "speech.audio.done"
+
+
+def test_random_weights_default_to_64_frames_per_segment(tmp_path):
+    config = tiny_server_config(tmp_path, load_format="dummy", num_kv_blocks=128)
+    with LiveServer(config) as live:
+        body = {"text": "No frame count given.", "ignore_eos": True, "format": "pcm", "seed": 1}
+        response = tts(live, body)
+        assert len(pcm(response.content)) == 63 * FRAME_SAMPLES  # the first frame is no audio
+        response = tts(live, {**body, "max_new_tokens": 5})
+        assert len(pcm(response.content)) == 4 * FRAME_SAMPLES
+        speech = {"input": "No frame count here.", "voice": "default", "response_format": "pcm"}
+        response = httpx.post(live.url + "/v1/audio/speech", json=speech, timeout=120)
+        assert 0 < len(pcm(response.content)) <= 63 * FRAME_SAMPLES
+
+
+def test_request_log_says_rtf_na_without_audio(caplog):
+    with caplog.at_level(logging.INFO, logger="fishserve.server.service"):
+        _record_finish(Synthesis(), Metrics(), 44100)
+    assert "(RTF n/a)" in caplog.text and "nan" not in caplog.text

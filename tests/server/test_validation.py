@@ -126,6 +126,11 @@ OPENAI_CASES = [
     ({"input": "hi", "voice": "default", "speed": 2.0}, 400, "speed"),
     ({"input": "hi", "voice": "default", "speed": 9.0}, 422, "speed"),
     ({"input": "hi", "voice": "alloy"}, 404, "not found"),
+    (
+        {"input": "hi", "voice": "echo"},
+        404,
+        "use voice 'default' or add a voice via /v1/references",
+    ),
     ({"input": "😀 👍", "voice": "default"}, 400, "input is empty"),
     ({"input": "hi", "voice": "default", "stream_format": "video"}, 422, "stream_format"),
 ]
@@ -361,3 +366,30 @@ def test_audio_before_a_corrupt_trailer_is_kept():
     mp3 = encode_audio(tone, 44100, AudioFormat.MP3)
     audio = load_audio(mp3 + b"\0" * 4096)
     assert abs(len(audio) - 44100) < 2048
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "message"),
+    [
+        ("/v1/tts", [1, 2], "body: expected a JSON object"),
+        ("/v1/tts", {"text": "hi", "references": [5]}, "references.0: expected a JSON object"),
+        ("/v1/references/delete", [1], 'expected a JSON object like {"reference_id": "..."}'),
+        ("/v1/references/delete", {"name": "x"}, "unknown field(s) name: send reference_id"),
+        ("/v1/references/delete", {"reference_id": 5}, "reference_id must be a string"),
+    ],
+)
+def test_errors_name_no_internal_classes(server, route, body, message):
+    method = "DELETE" if "delete" in route else "POST"
+    response = httpx.request(method, server.url + route, json=body, timeout=60)
+    assert response.status_code == 422, response.text
+    assert response.json()["message"] == message
+    assert "instance of" not in response.text and "Body" not in response.text
+
+
+def test_adding_a_voice_needs_multipart(server):
+    url = server.url + "/v1/references/add"
+    response = httpx.post(url, json={"id": "v", "text": "hi", "audio": "AAAA"})
+    assert response.status_code == 415
+    assert "use multipart/form-data with fields id, audio, text" in response.json()["message"]
+    response = httpx.post(url, data={"text": "hi"}, files={"audio": ("v.wav", TONE)})
+    assert response.status_code == 422 and response.json()["message"].startswith("id missing")

@@ -1,0 +1,115 @@
+"""Server settings: one name per setting for flags, YAML and environment, documented defaults,
+readable validation errors."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import pytest
+import typer
+
+from fishserve.cli import app, default_text
+from fishserve.server.config import ServerConfig
+
+README = Path(__file__).parents[2] / "README.md"
+
+
+def serve_options() -> dict[str, typer.core.TyperOption]:
+    """`fishserve serve`'s options by parameter name (without --config)."""
+    command = typer.main.get_command(app).commands["serve"]
+    return {p.name: p for p in command.params if p.name not in ("config", "help")}
+
+
+def test_every_flag_is_a_setting_of_the_same_name():
+    options = serve_options()
+    assert set(options) == set(ServerConfig.model_fields)
+    for name, option in options.items():
+        assert "--" + name.replace("_", "-") in option.opts
+        assert "[default: " in option.help, name
+
+
+def test_every_setting_works_as_yaml_key_and_environment_variable(tmp_path, caplog):
+    values = {
+        "gpu_memory_budget": "6GiB",
+        "threads": "2",
+        "default_max_new_tokens": "100",
+        "request_timeout": "5",
+        "max_body_bytes": "4096",
+        "first_chunk_frames": "3",
+    }
+    env = {"FISHSERVE_" + k.upper(): v for k, v in values.items()}
+    from_env = ServerConfig.load(environ=env)
+    yaml_file = tmp_path / "serve.yaml"
+    yaml_file.write_text("".join(f"{k.replace('_', '-')}: '{v}'\n" for k, v in values.items()))
+    from_yaml = ServerConfig.load(yaml_file, environ={})
+    for key, value in values.items():
+        assert (
+            str(getattr(from_env, key))
+            == str(getattr(from_yaml, key))
+            == str(type(getattr(from_env, key))(value))
+        )
+    assert not caplog.records  # nothing unknown
+
+
+def test_memory_budget_alias_and_precedence(tmp_path):
+    yaml_file = tmp_path / "serve.yaml"
+    yaml_file.write_text("gpu_memory_budget: 2GiB\n")
+    env = {"FISHSERVE_MEMORY_BUDGET": "3GiB"}
+    assert ServerConfig.load(yaml_file, environ=env).gpu_memory_budget == "3GiB"
+    flags = {"gpu_memory_budget": "4GiB"}
+    assert ServerConfig.load(yaml_file, flags, environ=env).gpu_memory_budget == "4GiB"
+    yaml_file.write_text("memory_budget: 0.5\n")
+    assert ServerConfig.load(yaml_file, environ={}).gpu_memory_budget == "0.5"
+
+
+def test_unknown_environment_variables_are_warned_about(caplog):
+    env = {"FISHSERVE_PROT": "9000", "FISHSERVE_FUSION": "0", "FISHSERVE_PORT": "9001"}
+    with caplog.at_level(logging.WARNING):
+        config = ServerConfig.load(environ=env)
+    assert config.port == 9001
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [
+        "ignoring unknown environment variable FISHSERVE_PROT; did you mean FISHSERVE_PORT?"
+    ]
+
+
+def test_validation_errors_are_one_line_per_setting(tmp_path):
+    yaml_file = tmp_path / "serve.yaml"
+    yaml_file.write_text("block_size: 0\nportt: 1\n")
+    with pytest.raises(ValueError) as info:
+        ServerConfig.load(yaml_file, {"port": 70000}, environ={"FISHSERVE_DTYPE": "fp64"})
+    lines = str(info.value).splitlines()
+    assert lines[0] == "invalid server settings:"
+    assert sorted(lines[1:]) == [
+        f"  block_size = 0 (from {yaml_file}): Input should be greater than or equal to 1",
+        "  dtype = 'fp64' (from FISHSERVE_DTYPE): Input should be 'auto', 'fp32', 'bf16' or 'fp16'",
+        "  port = 70000 (from --port): Input should be less than or equal to 65535",
+        f"  portt (from {yaml_file}): unknown setting; did you mean port?",
+    ]
+    assert "pydantic" not in str(info.value)
+
+
+def test_readme_lists_every_setting_with_its_default():
+    rows = {}
+    for line in README.read_text().splitlines():
+        match = re.match(r"\| `([a-z_]+)` \| `([^`]*)` \|", line)
+        if match:
+            rows[match.group(1)] = match.group(2)
+    for name, field in ServerConfig.model_fields.items():
+        assert name in rows, f"README settings table lacks {name}"
+        assert rows[name] == default_text(field.default), name
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({}, 64),  # no checkpoint: random weights
+        ({"checkpoint": "x", "load_format": "dummy"}, 64),
+        ({"checkpoint": "x"}, 1024),
+        ({"default_max_new_tokens": 300}, 300),
+    ],
+)
+def test_default_frames_per_segment(settings, expected):
+    assert ServerConfig(**settings).max_new_tokens == expected

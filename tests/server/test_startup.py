@@ -1,0 +1,146 @@
+"""`fishserve serve` start-up: one-line errors before anything loads, the runtime built before
+the server listens, and a lazily loaded model that fails to load."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import pytest
+import torch
+import uvicorn
+from conftest import TINY_DECODER, TINY_T2S, LiveServer, tiny_server_config
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+import fishserve.server.runtime as runtime_module
+from fishserve.cli import app
+
+TINY = [
+    "--checkpoint",
+    str(TINY_T2S),
+    "--decoder-checkpoint",
+    str(TINY_DECODER / "generator.pth"),
+    "--decoder-config",
+    str(TINY_DECODER / "config.json"),
+    "--device",
+    "cpu",
+    "--port",
+    "0",  # any free port: 8080 may be taken
+    "--num-kv-blocks",
+    "64",
+]
+
+
+@pytest.fixture
+def serve(tmp_path, monkeypatch):
+    """Run `fishserve serve ARGS` in tmp_path; uvicorn.run must not be reached."""
+    monkeypatch.chdir(tmp_path)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the server started despite the error")
+
+    monkeypatch.setattr(uvicorn, "run", never)
+    return lambda *args: CliRunner().invoke(app, ["serve", *args])
+
+
+@pytest.fixture
+def busy_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+CUDA_ERROR = pytest.param(
+    ["--device", "cuda"],
+    "CUDA is not available",
+    marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present"),
+)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--checkpoint", "/nonexistent"], "checkpoint folder not found: /nonexistent"),
+        (["--decoder-checkpoint", "/nonexistent.pth"], "decoder_checkpoint file not found"),
+        (TINY[:2], "no decoder weights"),
+        CUDA_ERROR,
+        ([*TINY, "--gpu-memory-budget", "lots"], "not a memory size: 'lots'"),
+        ([*TINY, "--gpu-memory-budget", "0.5"], "is a fraction of GPU memory"),
+        ([*TINY, "--num-kv-blocks", "0"], "num_kv_blocks = 0 (from --num-kv-blocks)"),
+        ([*TINY, "--load-format", "weird"], "load_format = 'weird' (from --load-format)"),
+    ],
+)
+def test_bad_settings_give_one_line_and_exit_2(serve, args, message):
+    result = serve(*args)
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error:") and message in result.output, result.output
+    assert "Traceback" not in result.output and "pydantic.dev" not in result.output
+
+
+def test_port_in_use_is_found_before_the_models_load(serve, busy_port, monkeypatch):
+    monkeypatch.setattr(runtime_module, "build_runtime", lambda config: pytest.fail("loaded"))
+    result = serve(*TINY, "--port", str(busy_port))
+    assert result.exit_code == 2, result.output
+    assert f"error: cannot listen on 127.0.0.1:{busy_port}" in result.output
+    assert "another server is running there" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_budget_too_small_for_the_models(serve):
+    result = serve(*TINY[:-2], "--gpu-memory-budget", "1MiB")
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: memory budget") and "too small" in result.output
+
+
+def test_models_are_built_before_the_server_listens(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    events: list[str] = []
+    build = runtime_module.build_runtime
+
+    def counting_build(config):
+        events.append("build")
+        return build(config)
+
+    def run(app_, host, port, **kwargs):
+        events.append("run")
+        with TestClient(app_) as client:  # runs the lifespan: takes the built runtime
+            health = client.get("/health").json()
+        assert health["loaded"] and health["model"]["load_format"] == "dummy"
+
+    monkeypatch.setattr(runtime_module, "build_runtime", counting_build)
+    monkeypatch.setattr(uvicorn, "run", run)
+    try:
+        result = CliRunner().invoke(
+            app, ["serve", *TINY, "--load-format", "dummy", "--threads", "2", "--port", "0"]
+        )
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)  # conftest's setting
+    assert result.exit_code == 0, result.output
+    assert events == ["build", "run"]  # built once, before the server started
+    assert result.output.count("RANDOM weights") == 1
+
+
+def test_enforce_eager_reaches_the_engine(tmp_path):
+    config = tiny_server_config(tmp_path, enforce_eager=True, num_kv_blocks=16)
+    runtime = runtime_module.build_runtime(config)
+    try:
+        assert runtime.engine.engine.config.enforce_eager is True
+    finally:
+        runtime.shutdown()
+
+
+def test_lazy_load_of_a_broken_checkpoint_is_reported(tmp_path):
+    config = tiny_server_config(tmp_path, checkpoint=tmp_path / "missing", lazy_load=True)
+    with LiveServer(config) as live:
+        assert httpx.get(live.url + "/health").json()["status"] == "ok"  # not loaded yet
+        response = httpx.post(live.url + "/v1/tts", json={"text": "Hi."}, timeout=60)
+        assert response.status_code == 503, response.text
+        message = response.json()["message"]
+        assert message.startswith("the models failed to load: checkpoint folder not found")
+        health = httpx.get(live.url + "/health")
+        assert health.status_code == 503
+        assert health.json()["status"] == "unhealthy"
+        assert "checkpoint folder not found" in health.json()["error"]
