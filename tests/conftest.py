@@ -170,3 +170,15 @@ def one_shot(decoder, codes):
     """Decode ``(G, L)`` codes in one call -> ``(L * frame_samples,)`` float32."""
     wave, _ = decoder.decode(torch.from_numpy(codes)[None], torch.tensor([codes.shape[1]]))
     return wave[0, 0].numpy()
+
+
+class RecordingDecoder:
+    """Wraps a decoder and records the codes shape ``(B, G, L)`` of every ``decode`` call."""
+
+    def __init__(self, decoder) -> None:
+        self.inner, self.config, self.device = decoder, decoder.config, decoder.device
+        self.calls: list[tuple[int, ...]] = []
+
+    def decode(self, codes: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        self.calls.append(tuple(codes.shape))
+        return self.inner.decode(codes, lengths)

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from conftest import one_shot, random_codes
+from conftest import RecordingDecoder, one_shot, random_codes
 
 from fishserve.audio.batching import DecodeJob, decode_batch, decode_streams
 from fishserve.audio.streaming import ChunkPolicy, StreamingDecoder
@@ -20,18 +19,6 @@ from fishserve.models.firefly import FireflyGenerator
 
 TINY = Path(__file__).resolve().parents[1] / "fixtures" / "tiny_decoder"
 BATCH_TOL = 1e-5  # measured ~4e-8; margin for thread-count-dependent conv rounding
-
-
-class RecordingDecoder:
-    """Wraps a decoder and records the codes shape ``(B, G, L)`` of every ``decode`` call."""
-
-    def __init__(self, decoder: FireflyGenerator) -> None:
-        self.inner, self.config, self.device = decoder, decoder.config, decoder.device
-        self.calls: list[tuple[int, ...]] = []
-
-    def decode(self, codes: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        self.calls.append(tuple(codes.shape))
-        return self.inner.decode(codes, lengths)
 
 
 def make_jobs(codes: np.ndarray) -> list[DecodeJob]:

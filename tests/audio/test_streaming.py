@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import one_shot, random_codes
+from conftest import RecordingDecoder, one_shot, random_codes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -39,18 +39,6 @@ def snr_db(reference: np.ndarray, test: np.ndarray) -> float:
     noise = float(np.sum((test.astype(np.float64) - reference) ** 2))
     signal = float(np.sum(reference.astype(np.float64) ** 2))
     return float("inf") if noise == 0 else float(10 * np.log10(signal / noise))
-
-
-class RecordingDecoder:
-    """Wraps a decoder and records the codes shape ``(B, G, L)`` of every ``decode`` call."""
-
-    def __init__(self, decoder: FireflyGenerator) -> None:
-        self.inner, self.config, self.device = decoder, decoder.config, decoder.device
-        self.calls: list[tuple[int, ...]] = []
-
-    def decode(self, codes: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        self.calls.append(tuple(codes.shape))
-        return self.inner.decode(codes, lengths)
 
 
 def stream_all(decoder, codes: np.ndarray, policy: ChunkPolicy) -> list[np.ndarray]:
