@@ -20,7 +20,7 @@ import torch
 
 log = logging.getLogger(__name__)
 # One compiled graph per dtype and per size-1 specialisation; evaluation runs many dtypes.
-torch._dynamo.config.recompile_limit = 64
+RECOMPILE_LIMIT = 64
 
 F = TypeVar("F", bound=Callable)
 
@@ -42,6 +42,9 @@ def gpu_fused(fn: F) -> F:
         if failed or not (isinstance(first, torch.Tensor) and first.is_cuda and fusion_enabled()):
             return fn(*args, **kwargs)
         if compiled is None:
+            torch._dynamo.config.recompile_limit = max(
+                torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT
+            )  # imported here: torch._dynamo costs ~1.5 s of start-up on CPU-only runs
             compiled = torch.compile(fn, dynamic=True, fullgraph=True)
         try:
             return compiled(*args, **kwargs)
