@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import typer
 
-from fishserve.cli import app, default_text
+from fishserve.cli import app
+from fishserve.cli.serving import default_text
 from fishserve.server.config import ServerConfig
 
 README = Path(__file__).parents[2] / "README.md"

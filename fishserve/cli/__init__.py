@@ -1,0 +1,157 @@
+"""The `fishserve` command line: synth, encode, decode, serve, bench, eval.
+
+Every command turns expected failures (missing files, bad shapes, bad values, a port in use)
+into one red line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from fishserve import __version__
+from fishserve.errors import USER_ERRORS
+
+app = typer.Typer(
+    name="fishserve",
+    help="Serve and run the Fish Speech 1.5 text-to-speech model.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err_console = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., None])
+
+DeviceOpt = Annotated[str, typer.Option(help="Torch device: auto, cpu, cuda, cuda:N.")]
+DtypeOpt = Annotated[
+    str, typer.Option(help="Weight dtype: auto (bf16 on GPU, fp32 on CPU), fp32, bf16, fp16.")
+]
+DecoderDtypeOpt = Annotated[
+    str,
+    typer.Option(
+        "--dtype", help="Decoder weight dtype: auto (bf16 on GPU, fp32 on CPU), fp32, bf16, fp16."
+    ),
+]
+DecoderCkptOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--decoder-checkpoint",
+        help="Firefly generator weights (firefly-gan-vq-fsq-8x1024-21hz-generator.pth). "
+        "Default: the file of that name inside --checkpoint.",
+    ),
+]
+RequiredDecoderCkptOpt = Annotated[
+    Path,
+    typer.Option(
+        "--decoder-checkpoint",
+        help="Firefly generator weights: firefly-gan-vq-fsq-8x1024-21hz-generator.pth of the "
+        "checkpoint folder (e.g. checkpoints/fish-speech-1.5/).",
+    ),
+]
+DecoderCfgOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--decoder-config", help="Decoder config (official yaml/json); default: released."
+    ),
+]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="CPU threads of torch (torch.set_num_threads); default: one per core. On a busy "
+        "machine --threads 1 can be several times faster.",
+    ),
+]
+AUDIO_OUTPUT_HELP = (
+    "Output audio file; its extension picks the format: .wav (16-bit), .flac, .mp3, "
+    ".ogg/.opus (Opus, 48 kHz) or .npy (float32 samples at 44.1 kHz)."
+)
+
+
+def user_errors(func: F) -> F:
+    """Run a command, turning expected errors into one clear line and exit code 2."""
+
+    @functools.wraps(func)
+    def wrapper(*args: object, **kwargs: object) -> None:
+        try:
+            func(*args, **kwargs)
+        except USER_ERRORS as exc:
+            message = escape(str(exc))
+            err_console.print(
+                f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True
+            )
+            raise typer.Exit(code=2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def set_threads(threads: int | None) -> None:
+    """`torch.set_num_threads(threads)` unless None (torch's default: one per core)."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _print_version(value: bool) -> None:
+    """`--version`: print the version and stop."""
+    if value:
+        print(f"fishserve {__version__}")
+        raise typer.Exit()
+
+
+def _top_p(value: float) -> float:
+    """Refuse a `--top-p` outside (0, 1] (0 would keep no token)."""
+    if not 0.0 < value <= 1.0:
+        raise typer.BadParameter(f"must be in (0, 1], got {value}")
+    return value
+
+
+TopPOpt = Annotated[float, typer.Option(callback=_top_p, help="Nucleus sampling mass, in (0, 1].")]
+
+
+@app.callback()
+def _setup(
+    verbose: Annotated[
+        bool | None,
+        typer.Option(
+            "--verbose/--quiet",
+            "-v/-q",
+            show_default=False,
+            help="Debug logging, or warnings and errors only. \\[default: info logging]",
+        ),
+    ] = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            show_default=False,
+            help="Print the version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Options before the command: log level and version."""
+    levels = {True: logging.DEBUG, False: logging.WARNING, None: logging.INFO}
+    logging.basicConfig(
+        level=levels[verbose], format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+# Register the commands, in the order `--help` lists them (they import the options above).
+for _module in ("model", "serving", "measure"):
+    importlib.import_module(f"fishserve.cli.{_module}")

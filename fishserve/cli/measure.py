@@ -1,0 +1,267 @@
+"""`fishserve bench`, `eval`, `bench-engine` and `bench-decoder`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fishserve.cli import (
+    DecoderCfgOpt,
+    DecoderCkptOpt,
+    DeviceOpt,
+    DtypeOpt,
+    TopPOpt,
+    app,
+    err_console,
+    user_errors,
+)
+
+
+@app.command()
+@user_errors
+def bench(
+    url: Annotated[str, typer.Option(help="Server base URL.")] = "http://127.0.0.1:8080",
+    api: Annotated[
+        str, typer.Option(help="fish (POST /v1/tts) or openai (POST /v1/audio/speech).")
+    ] = "fish",
+    mode: Annotated[
+        str, typer.Option(help="concurrency (closed-loop sweep) or poisson (arrival rates).")
+    ] = "concurrency",
+    concurrency: Annotated[str, typer.Option(help="Concurrency levels.")] = "1,4,16,64,256",
+    rate: Annotated[str, typer.Option(help="Poisson arrival rates, requests/s.")] = "0.5,1,2,4",
+    num_requests: Annotated[
+        int | None,
+        typer.Option(min=1, help="Requests per level (default max(16, 4 x concurrency); 64)."),
+    ] = None,
+    duration: Annotated[
+        float, typer.Option(min=0.1, help="Per level: start no request after this (s).")
+    ] = 180.0,
+    warmup: Annotated[int, typer.Option(min=0, help="Unmeasured requests first.")] = 2,
+    workload: Annotated[
+        str, typer.Option(help="builtin, or a .txt (one text a line) / .jsonl file.")
+    ] = "builtin",
+    lengths: Annotated[str, typer.Option(help="Built-in lengths.")] = "short,medium,long",
+    languages: Annotated[str, typer.Option(help="Built-in languages.")] = "en,zh",
+    reference_audio: Annotated[
+        Path | None, typer.Option(help="Inline reference voice (Fish API).")
+    ] = None,
+    reference_text: Annotated[str, typer.Option(help="Its transcript.")] = "",
+    reference_id: Annotated[
+        str | None, typer.Option(help="Stored voice (Fish reference_id / OpenAI voice).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of request 0 (request i: seed + i).")] = 42,
+    max_new_tokens: Annotated[
+        int | None, typer.Option(min=1, help="Frames per segment cap (Fish API).")
+    ] = None,
+    ignore_eos: Annotated[
+        bool, typer.Option(help="Generate exactly --max-new-tokens frames (fishserve).")
+    ] = False,
+    chunk_length: Annotated[int, typer.Option(min=100, max=300)] = 200,
+    audio_format: Annotated[
+        str, typer.Option("--format", help="pcm (s16le) or wav; audio is counted exactly.")
+    ] = "pcm",
+    streaming: Annotated[bool, typer.Option(help="Fish `streaming` field.")] = True,
+    model: Annotated[str, typer.Option(help="OpenAI `model` field.")] = "fish-speech-1.5",
+    extra_body: Annotated[
+        str | None, typer.Option(help="JSON object merged into every request body.")
+    ] = None,
+    api_key: Annotated[str | None, typer.Option(help="Bearer token.")] = None,
+    timeout: Annotated[float, typer.Option(min=1, help="Per-request timeout (s).")] = 600.0,
+    sample_rate: Annotated[
+        int, typer.Option(help="PCM rate (Hz) when the server sends no X-Sample-Rate.")
+    ] = 44100,
+    frame_rate: Annotated[
+        float, typer.Option(help="Audio frames per second, for frames/s (44100/2048).")
+    ] = 44100 / 2048,
+    max_inflight: Annotated[int, typer.Option(min=1, help="Poisson: open requests cap.")] = 1024,
+    memory_source: Annotated[
+        str, typer.Option(help="auto, health, nvml, nvidia-smi or none.")
+    ] = "auto",
+    device: Annotated[
+        str,
+        typer.Option(
+            help="GPU to poll via NVML/nvidia-smi if /v1/health has no memory: "
+            "cuda, cuda:N, or cpu (none)."
+        ),
+    ] = "cpu",
+    poll_interval: Annotated[float, typer.Option(min=0.05, help="Memory poll period (s).")] = 0.5,
+    label: Annotated[str, typer.Option(help="Title of the report.")] = "",
+    output_dir: Annotated[Path, typer.Option(help="Where reports go.")] = Path("bench_out"),
+) -> None:
+    """Load-test a running TTS server; write bench.json, bench.md and PNG plots."""
+    from fishserve.bench.options import bench_options
+    from fishserve.bench.run import run_bench
+
+    options = bench_options(
+        url=url,
+        api=api,
+        mode=mode,
+        concurrency=concurrency,
+        rate=rate,
+        workload=workload,
+        lengths=lengths,
+        languages=languages,
+        reference_audio=reference_audio,
+        reference_text=reference_text,
+        reference_id=reference_id,
+        extra_body=extra_body,
+        memory_source=memory_source,
+        device=device,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        ignore_eos=ignore_eos,
+        chunk_length=chunk_length,
+        audio_format=audio_format,
+        streaming=streaming,
+        model=model,
+        num_requests=num_requests,
+        duration_s=duration,
+        warmup=warmup,
+        timeout_s=timeout,
+        sample_rate=sample_rate,
+        frame_rate=frame_rate,
+        max_inflight=max_inflight,
+        api_key=api_key,
+        poll_interval_s=poll_interval,
+        label=label,
+        output_dir=output_dir,
+    )
+    run_bench(options, err_console)
+
+
+@app.command(name="eval")
+@user_errors
+def eval_configs(
+    checkpoint: Annotated[Path | None, typer.Option(help="Official checkpoint folder.")] = None,
+    load_format: Annotated[
+        str, typer.Option(help="auto (files) or dummy (full-size random weights).")
+    ] = "auto",
+    decoder_checkpoint: DecoderCkptOpt = None,
+    decoder_config: DecoderCfgOpt = None,
+    device: DeviceOpt = "auto",
+    configs: Annotated[
+        str,
+        typer.Option(
+            help="WEIGHTS/KV list, e.g. bf16/int8,int8wo/bf16 (weights fp32|bf16|fp16|int8wo, "
+            "KV fp32|bf16|fp16|int8|fp8, optional +noise=X); all = the full grid."
+        ),
+    ] = "all",
+    reference: Annotated[str, typer.Option(help="Configuration compared against.")] = "fp32/fp32",
+    short_seconds: Annotated[float, typer.Option(min=0.01, help="Short request audio (s).")] = 2.0,
+    long_seconds: Annotated[float, typer.Option(min=0.01, help="Long request audio (s).")] = 30.0,
+    short_text: Annotated[str | None, typer.Option(help="Text of the short request.")] = None,
+    long_text: Annotated[str | None, typer.Option(help="Text of the long request.")] = None,
+    seed: Annotated[int, typer.Option(help="Sampling seed of both requests.")] = 42,
+    temperature: Annotated[float, typer.Option()] = 0.7,
+    top_p: TopPOpt = 0.7,
+    repetition_penalty: Annotated[float, typer.Option()] = 1.2,
+    block_size: Annotated[int, typer.Option(min=1, help="Positions per KV block.")] = 16,
+    kv_positions: Annotated[
+        int | None, typer.Option(min=1, help="KV pool size in positions (default max_seq_len).")
+    ] = None,
+    output_dir: Annotated[Path, typer.Option(help="Where reports go.")] = Path("eval_out"),
+) -> None:
+    """Compare weight/KV dtypes: memory, ms/frame, fidelity vs fp32, MCD; write eval.md/json/png."""
+    from fishserve.eval.options import eval_options
+    from fishserve.eval.run import DEFAULT_LONG_TEXT, DEFAULT_SHORT_TEXT, run_eval
+
+    options = eval_options(
+        checkpoint=checkpoint,
+        load_format=load_format,
+        decoder_checkpoint=decoder_checkpoint,
+        decoder_config=decoder_config,
+        configs=configs,
+        reference=reference,
+        block_size=block_size,
+        kv_positions=kv_positions,
+        temperature=temperature,
+        top_p=top_p,
+        repetition_penalty=repetition_penalty,
+        device=device,
+        short_text=short_text or DEFAULT_SHORT_TEXT,
+        long_text=long_text or DEFAULT_LONG_TEXT,
+        short_seconds=short_seconds,
+        long_seconds=long_seconds,
+        seed=seed,
+        output_dir=output_dir,
+    )
+    if options.source.dummy:
+        err_console.print(RANDOM_WEIGHTS_EVAL_NOTE)
+    run_eval(options, err_console)
+
+
+RANDOM_WEIGHTS_EVAL_NOTE = (
+    "[bold yellow]Random weights:[/] fidelity and MCD measure numerical agreement with the "
+    "reference configuration, not speech quality."
+)
+
+
+@app.command(name="bench-engine")
+@user_errors
+def bench_engine(
+    checkpoint: Annotated[
+        Path | None, typer.Option(help="Checkpoint folder; default: full-size random weights.")
+    ] = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    kv_cache_dtypes: Annotated[str, typer.Option(help="Comma list of KV dtypes.")] = "bf16",
+    modes: Annotated[str, typer.Option(help="Comma list: graphs, eager.")] = "graphs,eager",
+    batch_sizes: Annotated[str, typer.Option(help="Comma list of batch sizes.")] = "1,8,32",
+    context: Annotated[int, typer.Option(help="Prompt positions per sequence.")] = 1000,
+    frames: Annotated[int, typer.Option(help="Timed decode steps per point.")] = 64,
+    output: Annotated[Path | None, typer.Option(help="JSON results (+ .md table).")] = None,
+) -> None:
+    """Engine decode speed: ms per step and frames/s per batch size, KV dtype and mode."""
+    from fishserve.bench.engine_speed import run_engine_bench
+    from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
+
+    dev = resolve_device(device)
+    model, tokenizer = load_text2semantic(
+        checkpoint,
+        device=dev,
+        dtype=resolve_dtype(dtype, dev),
+        load_format="auto" if checkpoint else "dummy",
+    )
+    run_engine_bench(
+        model,
+        tokenizer,
+        kv_cache_dtypes.split(","),
+        modes.split(","),
+        [int(b) for b in batch_sizes.split(",")],
+        context,
+        frames,
+        output,
+        err_console,
+    )
+
+
+@app.command(name="bench-decoder")
+@user_errors
+def bench_decoder(
+    decoder_checkpoint: DecoderCkptOpt = None,
+    decoder_config: DecoderCfgOpt = None,
+    device: DeviceOpt = "auto",
+    dtypes: Annotated[str, typer.Option(help="Comma list of weight dtypes.")] = "bf16,fp32",
+    batch_sizes: Annotated[str, typer.Option(help="Comma list of jobs per call.")] = "1,8,32",
+    chunk: Annotated[int, typer.Option(help="New frames per job.")] = 64,
+    repeats: Annotated[int, typer.Option(help="Timed calls per point.")] = 10,
+    output: Annotated[Path | None, typer.Option(help="JSON results (+ .md table).")] = None,
+) -> None:
+    """Batched decoder throughput (random released-size weights unless a checkpoint is given)."""
+    from fishserve.bench.decoder_speed import run_decoder_bench
+    from fishserve.models.firefly import load_firefly
+    from fishserve.models.loading import DTYPES, resolve_device
+
+    dev = resolve_device(device)
+    fmt = "auto" if decoder_checkpoint else "dummy"
+    decoders = {
+        name: load_firefly(
+            decoder_checkpoint, decoder_config, device=dev, dtype=DTYPES[name], load_format=fmt
+        )
+        for name in dtypes.split(",")
+    }
+    run_decoder_bench(
+        decoders, [int(b) for b in batch_sizes.split(",")], chunk, repeats, output, err_console
+    )

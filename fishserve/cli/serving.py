@@ -1,0 +1,163 @@
+"""`fishserve serve`."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from fishserve.cli import (
+    app,
+    err_console,
+    set_threads,
+    user_errors,
+)
+from fishserve.server.config import ServerConfig
+
+
+def _setting(name: str, help: str, *decls: str) -> Any:
+    """A `serve` option for the setting `name`: its default (from `ServerConfig`) is shown in
+    the help; the value passed on is None unless given, so YAML and environment still apply."""
+    shown = default_text(ServerConfig.model_fields[name].default)
+    return typer.Option(*decls, help=f"{help} \\[default: {shown}]", show_default=False)
+
+
+def default_text(value: object) -> str:
+    """How a setting's default is written in help and the README: on/off, none, or the value."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "none" if value is None else str(value)
+
+
+@app.command()
+@user_errors
+def serve(
+    config: Annotated[
+        Path | None, typer.Option(help="YAML file of settings (the names of these flags).")
+    ] = None,
+    checkpoint: Annotated[
+        Path | None, _setting("checkpoint", "Official checkpoint folder; none = random weights.")
+    ] = None,
+    decoder_checkpoint: Annotated[
+        Path | None,
+        _setting(
+            "decoder_checkpoint",
+            "Firefly generator weights; none = firefly-gan-vq-fsq-8x1024-21hz-generator.pth "
+            "in --checkpoint.",
+        ),
+    ] = None,
+    decoder_config: Annotated[
+        Path | None,
+        _setting("decoder_config", "Decoder config (official yaml/json); none = released."),
+    ] = None,
+    load_format: Annotated[
+        str | None, _setting("load_format", "auto (files) or dummy (random weights).")
+    ] = None,
+    device: Annotated[str | None, _setting("device", "auto, cpu, cuda, cuda:N.")] = None,
+    dtype: Annotated[
+        str | None, _setting("dtype", "Weights: auto (bf16 on GPU, fp32 on CPU), fp32, bf16, fp16.")
+    ] = None,
+    threads: Annotated[
+        int | None,
+        _setting("threads", "CPU threads of torch; none = one per core (busy machine: 1)."),
+    ] = None,
+    kv_cache_dtype: Annotated[
+        str | None,
+        _setting("kv_cache_dtype", "auto (= weights), fp32, bf16, fp16, int8, fp8."),
+    ] = None,
+    block_size: Annotated[int | None, _setting("block_size", "Positions per KV block.")] = None,
+    max_num_seqs: Annotated[
+        int | None, _setting("max_num_seqs", "Running requests at most.")
+    ] = None,
+    max_num_batched_tokens: Annotated[
+        int | None, _setting("max_num_batched_tokens", "Positions per engine step at most.")
+    ] = None,
+    gpu_memory_budget: Annotated[
+        str | None,
+        _setting(
+            "gpu_memory_budget",
+            "Memory for weights, activations, decoder and KV pool: e.g. 6GiB, or a fraction "
+            "of the GPU like 0.9; none = 0.9 on GPU, a small KV pool on CPU.",
+            "--gpu-memory-budget",
+            "--memory-budget",
+        ),
+    ] = None,
+    num_kv_blocks: Annotated[
+        int | None, _setting("num_kv_blocks", "Fixed KV pool size (instead of the budget).")
+    ] = None,
+    enforce_eager: Annotated[
+        bool | None, _setting("enforce_eager", "No CUDA graphs (slower decoding on GPU).")
+    ] = None,
+    default_max_new_tokens: Annotated[
+        int | None,
+        _setting(
+            "default_max_new_tokens",
+            "Frames per segment when a request does not say; none = 1024, or 64 with random "
+            "weights.",
+        ),
+    ] = None,
+    first_chunk_frames: Annotated[
+        int | None, _setting("first_chunk_frames", "Frames decoded into the first audio chunk.")
+    ] = None,
+    chunk_frames: Annotated[
+        int | None, _setting("chunk_frames", "Frames per later audio chunk.")
+    ] = None,
+    max_decode_batch: Annotated[
+        int | None, _setting("max_decode_batch", "Audio chunks decoded together at most.")
+    ] = None,
+    max_reference_seconds: Annotated[
+        float | None, _setting("max_reference_seconds", "Longest reference audio (s).")
+    ] = None,
+    host: Annotated[str | None, _setting("host", "Listen address.")] = None,
+    port: Annotated[int | None, _setting("port", "Listen port.")] = None,
+    api_key: Annotated[
+        str | None, _setting("api_key", "Require 'Authorization: Bearer KEY'.")
+    ] = None,
+    references_dir: Annotated[
+        Path | None, _setting("references_dir", "Stored voices folder.")
+    ] = None,
+    max_waiting: Annotated[int | None, _setting("max_waiting", "Queue bound before 429.")] = None,
+    max_text_length: Annotated[
+        int | None, _setting("max_text_length", "Longest text, in characters.")
+    ] = None,
+    max_body_bytes: Annotated[
+        int | None, _setting("max_body_bytes", "Largest request body (bytes; 413 beyond).")
+    ] = None,
+    request_timeout: Annotated[
+        float | None, _setting("request_timeout", "Seconds a request may take, queued or running.")
+    ] = None,
+    lazy_load: Annotated[
+        bool | None, _setting("lazy_load", "Load the models on the first request.")
+    ] = None,
+    idle_unload_seconds: Annotated[
+        float | None,
+        _setting("idle_unload_seconds", "Unload the models after this idle time (0 = never)."),
+    ] = None,
+) -> None:
+    """Run the HTTP server (Fish /v1/tts, OpenAI /v1/audio/speech, voices, health, metrics).
+
+    Every flag is also a YAML key (--config) and a FISHSERVE_<NAME> environment variable;
+    flags win over the environment, which wins over the file.
+    """
+    overrides = {k: v for k, v in locals().items() if k != "config"}
+    import uvicorn
+
+    from fishserve.server.app import check_port, create_app
+    from fishserve.server.runtime import build_runtime, check_settings
+    from fishserve.synthesis import RANDOM_WEIGHTS_WARNING
+
+    settings = ServerConfig.load(config, overrides)
+    check_settings(settings)
+    check_port(settings.host, settings.port)
+    set_threads(settings.threads)
+    if settings.random_weights:
+        err_console.print(RANDOM_WEIGHTS_WARNING, soft_wrap=True)
+    runtime = None
+    if not settings.lazy_load:
+        logging.getLogger(__name__).info("loading models")
+        runtime = build_runtime(settings)
+    app_ = create_app(settings, build_runtime, runtime)
+    level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()  # -v/-q
+    uvicorn.run(app_, host=settings.host, port=settings.port, log_level=level)
