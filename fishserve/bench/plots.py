@@ -21,6 +21,7 @@ GiB = 2**30
 
 
 def pyplot() -> ModuleType:
+    """matplotlib.pyplot on the non-interactive Agg backend (ImportError says how to install)."""
     try:
         import matplotlib
     except ImportError as exc:

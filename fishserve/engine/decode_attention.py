@@ -47,6 +47,7 @@ class DecodeAttention:
         self.use_triton = use_triton
 
     def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Write k/v (B, 1, KV, Dh) at the slot mapping, attend q (B, 1, H, Dh) -> (B, 1, H, Dh)."""
         cache, meta = self.cache, self.meta
         cache.write(layer, meta.slot_mapping, k[:, 0], v[:, 0])
         if self.use_triton:

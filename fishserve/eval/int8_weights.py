@@ -32,6 +32,7 @@ class Int8WeightOnlyLinear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), False)
 
     def forward(self, x: Tensor) -> Tensor:
+        """x (..., in) -> (..., out): int8 weights cast to x's dtype, times per-row scales."""
         y = F.linear(x, self.weight_int8.to(x.dtype)) * self.scale
         return y if self.bias is None else y + self.bias
 

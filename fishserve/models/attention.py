@@ -60,6 +60,7 @@ class CausalAttention:
         self.key_padding_mask = key_padding_mask
 
     def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Causal attention of q (B, T, H, Dh) over k/v (B, T, KV, Dh) -> (B, T, H, Dh)."""
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.key_padding_mask is None:
             return sdpa_gqa(q, k, v, None, causal=True).transpose(1, 2)
@@ -111,6 +112,11 @@ class DenseCacheStep:
         self.start = start
 
     def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Store k/v (B, T, KV, Dh) at start.., attend q (B, T, H, Dh) causally -> (B, T, H, Dh).
+
+        Raises:
+            ValueError: the cache would overflow.
+        """
         t = q.shape[1]
         end = self.start + t
         if end > self.cache.capacity:

@@ -28,6 +28,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
+        """(..., D) -> (..., D) in x's dtype (see `rms_norm`)."""
         return rms_norm(x, self.weight, self.eps)
 
 
@@ -85,6 +86,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(n_head * self.head_dim, dim, bias=False)
 
     def forward(self, x: Tensor, rope: Tensor, attn: AttentionBackend, layer: int) -> Tensor:
+        """x (B, T, D), rope rows of x's positions -> (B, T, D) through `attn` for `layer`."""
         b, t, _ = x.shape
         q_size, kv_size = self.n_head * self.head_dim, self.n_kv * self.head_dim
         q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
@@ -105,6 +107,7 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
+        """(..., D) -> (..., D)."""
         return self.w2(swiglu(self.w1(x), self.w3(x)))
 
 
@@ -125,6 +128,7 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(dim, eps)
 
     def forward(self, x: Tensor, rope: Tensor, attn: AttentionBackend, layer: int) -> Tensor:
+        """(B, T, D) -> (B, T, D): one pre-norm block (spec §2.4)."""
         h = x + self.attention(self.attention_norm(x), rope, attn, layer)
         return h + self.feed_forward(self.ffn_norm(h))
 

@@ -130,6 +130,7 @@ class GuardMiddleware:
         self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI entry: checks the API key and body size, then calls the app."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
