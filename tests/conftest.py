@@ -182,3 +182,7 @@ class RecordingDecoder:
     def decode(self, codes: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
         self.calls.append(tuple(codes.shape))
         return self.inner.decode(codes, lengths)
+
+    def decode_unchecked(self, codes: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        self.calls.append(tuple(codes.shape))
+        return self.inner.decode_unchecked(codes, lengths)

@@ -26,7 +26,7 @@ from fishserve.models.firefly import FireflyGenerator
 if TYPE_CHECKING:
     from .streaming import StreamingDecoder
 
-__all__ = ["DecodeJob", "decode_batch", "decode_streams"]
+__all__ = ["DecodeJob", "decode_batch", "decode_streams", "pad_jobs", "split_samples"]
 
 
 @dataclass(frozen=True)
@@ -84,20 +84,37 @@ def decode_batch(decoder: FireflyGenerator, jobs: Sequence[DecodeJob]) -> list[n
     """
     if not jobs:
         return []
-    groups, frame = decoder.config.n_groups, decoder.config.frame_samples
-    bad = [job.codes.shape for job in jobs if job.codes.shape[0] != groups]
-    if bad:
-        raise ValueError(f"decoder expects {groups} codebooks per frame, got jobs of shape {bad}")
-    lengths = [job.total_frames for job in jobs]
-    codes = np.zeros((len(jobs), groups, max(lengths)), dtype=np.int64)  # (B, G, L_max)
-    for row, job in zip(codes, jobs, strict=True):
-        row[:, : job.total_frames] = job.codes
+    codes, lengths = pad_jobs(jobs, decoder.config.n_groups)
     device = decoder.device
     with torch.inference_mode():
         wave, _ = decoder.decode(
-            torch.from_numpy(codes).to(device), torch.tensor(lengths, device=device)
+            torch.from_numpy(codes).to(device), torch.from_numpy(lengths).to(device)
         )
     samples = wave[:, 0].float().cpu().numpy()  # (B, L_max * frame_samples)
+    return split_samples(samples, jobs, decoder.config.frame_samples)
+
+
+def pad_jobs(jobs: Sequence[DecodeJob], groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad the jobs' codes with 0 to the longest job.
+
+    Returns:
+        ``(codes, lengths)``: ``(B, G, L_max)`` int64 and ``(B,)`` int64 frames per job.
+
+    Raises:
+        ValueError: a job's codes do not have ``groups`` rows.
+    """
+    bad = [job.codes.shape for job in jobs if job.codes.shape[0] != groups]
+    if bad:
+        raise ValueError(f"decoder expects {groups} codebooks per frame, got jobs of shape {bad}")
+    lengths = np.array([job.total_frames for job in jobs], dtype=np.int64)
+    codes = np.zeros((len(jobs), groups, int(lengths.max())), dtype=np.int64)
+    for row, job in zip(codes, jobs, strict=True):
+        row[:, : job.total_frames] = job.codes
+    return codes, lengths
+
+
+def split_samples(samples: np.ndarray, jobs: Sequence[DecodeJob], frame: int) -> list[np.ndarray]:
+    """Cut each job's new-frame samples out of ``(B, >= L_max * frame)`` decoded rows."""
     return [
         samples[i, job.context_frames * frame : job.total_frames * frame].copy()
         for i, job in enumerate(jobs)

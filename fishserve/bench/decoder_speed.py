@@ -1,16 +1,20 @@
 """`fishserve bench-decoder`: batched Firefly decoding throughput (code frames per second).
 
 Each job is one streaming chunk as the server decodes it: `left_context` frames of context
-plus `chunk` new frames (`fishserve.audio.streaming`); B jobs go through one `decode_batch`
-call. Reported: ms per call, new frames per second, real-time streams the decoder alone could
-feed (frames/s / 21.53), and peak GPU memory, per weight dtype and batch size.
+plus `chunk` new frames (`fishserve.audio.streaming`); B jobs go through one call. Modes:
+``eager`` is one plain `decode_batch` call (conv1d, no compilation); ``graphs`` is the server's
+`DecoderRunner` (channels_last, compiled, one CUDA graph per shape bucket; on CPU it runs eager).
+Reported: ms per call, new frames per second, real-time streams the decoder alone could feed
+(frames/s / 21.53), peak GPU memory, and the runner's start-up (compile + capture) time.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +23,12 @@ from rich.console import Console
 from rich.table import Table
 
 from fishserve.audio.batching import DecodeJob, decode_batch
-from fishserve.audio.streaming import receptive_field_frames
+from fishserve.audio.decoder_runner import DecoderRunner, frame_buckets_for
+from fishserve.audio.streaming import ChunkPolicy, receptive_field_frames
 from fishserve.models.firefly import FireflyGenerator
 
 FRAMES_PER_SECOND = 44100 / 2048  # spec §0
+MODES = ("eager", "graphs")
 
 
 @dataclass
@@ -30,6 +36,7 @@ class DecoderBenchResult:
     """One measured point."""
 
     dtype: str
+    mode: str
     batch: int
     chunk: int
     context: int
@@ -37,6 +44,7 @@ class DecoderBenchResult:
     frames_per_s: float
     realtime_streams: float
     peak_gpu_bytes: int
+    startup_s: float
 
 
 def make_jobs(decoder: FireflyGenerator, batch: int, chunk: int, seed: int = 0) -> list[DecodeJob]:
@@ -50,56 +58,86 @@ def make_jobs(decoder: FireflyGenerator, batch: int, chunk: int, seed: int = 0) 
     ]
 
 
-def time_calls(decoder: FireflyGenerator, jobs: list[DecodeJob], repeats: int) -> float:
-    """Median seconds of one `decode_batch` call (synchronised)."""
-    decode_batch(decoder, jobs)  # warm-up
+def time_calls(call: Callable[[], object], cuda: bool, repeats: int) -> float:
+    """Median seconds of one call (synchronised), after one warm-up call."""
+    call()
     times = []
     for _ in range(repeats):
-        if decoder.device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        decode_batch(decoder, jobs)
+        call()
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
 
 
+def build_runner(decoder: FireflyGenerator, max_batch: int, chunk: int) -> DecoderRunner:
+    """The server's runner for a `chunk`-frame schedule (buckets up to context + chunk)."""
+    policy = ChunkPolicy(first_chunk_frames=chunk, chunk_frames=chunk)
+    return DecoderRunner(decoder, max_batch, frame_buckets_for(policy, decoder.config))
+
+
+def bench_mode(
+    name: str, decoder: FireflyGenerator, mode: str, batches: list[int], chunk: int, repeats: int
+) -> list[DecoderBenchResult]:
+    """All batch sizes of one weight dtype and mode."""
+    if mode not in MODES:
+        raise ValueError(f"unknown decoder bench mode {mode!r}; use {', '.join(MODES)}")
+    cuda = decoder.device.type == "cuda"
+    start = time.perf_counter()
+    runner = build_runner(decoder, max(batches), chunk) if mode == "graphs" else None
+    startup = time.perf_counter() - start
+    results = []
+    for batch in batches:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        jobs = make_jobs(decoder, batch, chunk)
+        if runner is None:
+            call = partial(decode_batch, decoder, jobs)
+        else:
+            call = partial(runner.decode_jobs, jobs)
+        seconds = time_calls(call, cuda, repeats)
+        fps = batch * chunk / seconds
+        peak = torch.cuda.max_memory_allocated() if cuda else 0
+        results.append(
+            DecoderBenchResult(
+                name,
+                mode,
+                batch,
+                chunk,
+                jobs[0].context_frames,
+                seconds * 1e3,
+                fps,
+                fps / FRAMES_PER_SECOND,
+                peak,
+                startup,
+            )
+        )
+    return results
+
+
 def run_decoder_bench(
     decoders: dict[str, FireflyGenerator],
+    modes: list[str],
     batches: list[int],
     chunk: int,
     repeats: int,
     output: Path | None,
     console: Console,
 ) -> list[DecoderBenchResult]:
-    """Sweep weight dtypes x batch sizes; print a table, write JSON (+ .md) if asked."""
+    """Sweep weight dtypes x modes x batch sizes; print a table, write JSON (+ .md) if asked."""
     results = []
     for name, decoder in decoders.items():
-        for batch in batches:
-            cuda = decoder.device.type == "cuda"
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-            jobs = make_jobs(decoder, batch, chunk)
-            seconds = time_calls(decoder, jobs, repeats)
-            fps = batch * chunk / seconds
-            peak = torch.cuda.max_memory_allocated() if cuda else 0
-            results.append(
-                DecoderBenchResult(
-                    name,
-                    batch,
-                    chunk,
-                    jobs[0].context_frames,
-                    seconds * 1e3,
-                    fps,
-                    fps / FRAMES_PER_SECOND,
-                    peak,
-                )
-            )
-    head = ["weights", "batch", "chunk", "ctx", "ms/call", "frames/s", "RT streams", "peak GiB"]
+        for mode in modes:
+            results += bench_mode(name, decoder, mode, batches, chunk, repeats)
+    head = ["weights", "mode", "batch", "chunk", "ctx", "ms/call", "frames/s", "RT streams"]
+    head += ["peak GiB", "start-up s"]
     table = Table(*head)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         row = [
             r.dtype,
+            r.mode,
             str(r.batch),
             str(r.chunk),
             str(r.context),
@@ -107,6 +145,7 @@ def run_decoder_bench(
             f"{r.frames_per_s:,.0f}",
             f"{r.realtime_streams:,.0f}",
             f"{r.peak_gpu_bytes / 2**30:.2f}",
+            f"{r.startup_s:.1f}",
         ]
         table.add_row(*row)
         lines.append("| " + " | ".join(row) + " |")

@@ -247,6 +247,9 @@ def bench_decoder(
     batch_sizes: Annotated[str, typer.Option(help="Comma list of jobs per call.")] = "1,8,32",
     chunk: Annotated[int, typer.Option(help="New frames per job.")] = 64,
     repeats: Annotated[int, typer.Option(help="Timed calls per point.")] = 10,
+    modes: Annotated[
+        str, typer.Option(help="Comma list: eager (one plain call), graphs (the server's runner).")
+    ] = "eager,graphs",
     output: Annotated[Path | None, typer.Option(help="JSON results (+ .md table).")] = None,
 ) -> None:
     """Batched decoder throughput (random released-size weights unless a checkpoint is given)."""
@@ -263,5 +266,11 @@ def bench_decoder(
         for name in dtypes.split(",")
     }
     run_decoder_bench(
-        decoders, [int(b) for b in batch_sizes.split(",")], chunk, repeats, output, err_console
+        decoders,
+        modes.split(","),
+        [int(b) for b in batch_sizes.split(",")],
+        chunk,
+        repeats,
+        output,
+        err_console,
     )

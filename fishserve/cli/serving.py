@@ -88,7 +88,8 @@ def serve(
         int | None, _setting("num_kv_blocks", "Fixed KV pool size (instead of the budget).")
     ] = None,
     enforce_eager: Annotated[
-        bool | None, _setting("enforce_eager", "No CUDA graphs (slower decoding on GPU).")
+        bool | None,
+        _setting("enforce_eager", "No CUDA graphs for the language model or the decoder (slower)."),
     ] = None,
     default_max_new_tokens: Annotated[
         int | None,

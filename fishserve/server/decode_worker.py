@@ -1,43 +1,57 @@
 """The decoder thread: audio chunks of all streams, decoded in batched calls.
 
-Requests hand their ready chunks (`DecodeJob`s) to one worker; the worker takes every job that
-is queued (up to `max_batch`) and decodes them in one `decode_batch` call, so concurrent
-streams share decoder calls instead of queueing behind each other. Decoder memory is bounded
-by `max_batch` chunks of bounded length (`ChunkPolicy.max_decode_frames`).
+Requests hand their ready chunks (`DecodeJob`s) to one worker with a deadline: the moment the
+stream's client would run out of audio (for a first chunk: now). The worker takes the queued
+jobs with the earliest deadlines (up to `max_batch`) and decodes them in one call of the
+`DecoderRunner` (fixed shapes, CUDA graphs, its own CUDA stream), so concurrent streams share
+decoder calls, first chunks (time to first audio) and streams about to stall go first, and
+decoder calls overlap the engine's steps on the GPU. Decoder memory is bounded by `max_batch`
+chunks of bounded length (`ChunkPolicy.max_decode_frames`).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future
 
 import numpy as np
 
-from fishserve.audio.batching import DecodeJob, decode_batch
-from fishserve.models.firefly import FireflyGenerator
+from fishserve.audio.batching import DecodeJob
+from fishserve.audio.decoder_runner import DecoderRunner
 
 log = logging.getLogger(__name__)
+_Item = tuple[float, int, DecodeJob, "Future[np.ndarray]"]
 
 
 class DecodeWorker:
-    """A daemon thread that decodes submitted jobs in batches.
+    """A daemon thread that decodes submitted jobs in batches, earliest deadline first.
 
     Args:
-        decoder: the Firefly generator (used only on the worker thread).
-        max_batch: most jobs per decoder call.
+        runner: the decoder runner (used only on the worker thread).
     """
 
-    def __init__(self, decoder: FireflyGenerator, max_batch: int = 32) -> None:
-        self.decoder = decoder
-        self.max_batch = max_batch
-        self._jobs: queue.SimpleQueue[tuple[DecodeJob, Future[np.ndarray]] | None] = (
-            queue.SimpleQueue()
-        )
+    def __init__(self, runner: DecoderRunner) -> None:
+        self.runner = runner
+        self.max_batch = runner.max_batch
+        self._inbox: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._heap: list[_Item] = []
+        self._order = itertools.count()
         self._thread = threading.Thread(target=self._loop, name="fishserve-decoder", daemon=True)
-        self.calls = 0
-        self.frames_decoded = 0
+
+    @property
+    def calls(self) -> int:
+        """Decoder calls made."""
+        return self.runner.calls
+
+    @property
+    def frames_decoded(self) -> int:
+        """New code frames decoded."""
+        return self.runner.frames_decoded
 
     def start(self) -> None:
         """Start the worker thread."""
@@ -45,44 +59,49 @@ class DecodeWorker:
 
     def shutdown(self) -> None:
         """Stop after the queued jobs."""
-        self._jobs.put(None)
+        self._inbox.put(None)
         self._thread.join(10)
 
-    def submit(self, job: DecodeJob) -> Future[np.ndarray]:
-        """Queue a job; the future gives its float32 samples (new_frames * frame_samples,)."""
+    def submit(self, job: DecodeJob, deadline: float | None = None) -> Future[np.ndarray]:
+        """Queue a job; the future gives its float32 samples (new_frames * frame_samples,).
+
+        Args:
+            deadline: ``time.monotonic()`` seconds by which the audio is needed (the stream's
+                playback would run dry); ``None`` means now. Earlier deadlines decode first.
+        """
         future: Future[np.ndarray] = Future()
-        self._jobs.put((job, future))
+        when = time.monotonic() if deadline is None else deadline
+        self._inbox.put((when, next(self._order), job, future))
         return future
 
     def _loop(self) -> None:
-        while True:
-            item = self._jobs.get()
-            if item is None:
-                return
-            batch = [item]
-            while len(batch) < self.max_batch:
-                try:
-                    nxt = self._jobs.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._jobs.put(None)
-                    break
-                batch.append(nxt)
-            self._run(batch)
+        stopping = False
+        while not (stopping and not self._heap):
+            if not self._heap and not stopping:
+                stopping = self._take(self._inbox.get()) or stopping
+            while not self._inbox.empty():  # everything queued meanwhile competes by deadline
+                stopping = self._take(self._inbox.get_nowait()) or stopping
+            if self._heap:
+                n = min(self.max_batch, len(self._heap))
+                self._run([heapq.heappop(self._heap) for _ in range(n)])
 
-    def _run(self, batch: list[tuple[DecodeJob, Future[np.ndarray]]]) -> None:
-        live = [(job, fut) for job, fut in batch if fut.set_running_or_notify_cancel()]
+    def _take(self, item: _Item | None) -> bool:
+        """Add an inbox item to the heap; True for the stop sentinel."""
+        if item is None:
+            return True
+        heapq.heappush(self._heap, item)
+        return False
+
+    def _run(self, batch: list[_Item]) -> None:
+        live = [(job, fut) for _, _, job, fut in batch if fut.set_running_or_notify_cancel()]
         if not live:
             return
         try:
-            audio = decode_batch(self.decoder, [job for job, _ in live])
+            audio = self.runner.decode_jobs([job for job, _ in live])
         except Exception as exc:  # a failed call fails its jobs, not the worker
             log.exception("decoder call failed for %d jobs", len(live))
             for _, fut in live:
                 fut.set_exception(exc)
             return
-        self.calls += 1
-        self.frames_decoded += sum(job.new_frames for job, _ in live)
         for (_, fut), samples in zip(live, audio, strict=True):
             fut.set_result(samples)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fishserve.audio.decoder_runner import DecoderRunner, frame_buckets_for
 from fishserve.audio.references import ReferenceEncoder
 from fishserve.audio.streaming import ChunkPolicy
 from fishserve.engine.async_engine import AsyncEngine
@@ -165,7 +166,14 @@ def build_runtime(config: ServerConfig) -> Runtime:
     runtime = Runtime(
         engine=AsyncEngine(engine, max_waiting=config.max_waiting),
         decoder=decoder,
-        decode_worker=DecodeWorker(decoder, config.max_decode_batch),
+        decode_worker=DecodeWorker(
+            DecoderRunner(
+                decoder,
+                config.max_decode_batch,
+                frame_buckets_for(policy, decoder.config),
+                use_graphs=not config.enforce_eager,
+            )
+        ),
         references=ReferenceEncoder(decoder, max_seconds=config.max_reference_seconds),
         chunk_policy=policy,
         device=device,

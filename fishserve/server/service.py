@@ -114,7 +114,8 @@ async def stream_audio(
                 _check_finish(event, timing, runtime.max_seq_len)
                 decoder.close()
             while (job := decoder.next_job()) is not None:
-                audio = await asyncio.wrap_future(runtime.decode_worker.submit(job))
+                deadline = _playback_deadline(timing, runtime.sample_rate)
+                audio = await asyncio.wrap_future(runtime.decode_worker.submit(job, deadline))
                 _record_audio(timing, metrics, audio)
                 yield audio
         outcome = "stop"
@@ -160,6 +161,13 @@ def _check_finish(event: EngineEvent, timing: Synthesis, max_seq_len: int) -> No
             f"the text and references leave no room for audio in the model's "
             f"{max_seq_len}-position context; shorten them"
         )
+
+
+def _playback_deadline(timing: Synthesis, sample_rate: int) -> float | None:
+    """When a client playing since its first audio runs dry (monotonic s); None: no audio yet."""
+    if timing.first_audio is None:
+        return None
+    return timing.first_audio + timing.audio_samples / sample_rate
 
 
 def _failure_reason(exc: Exception) -> str:

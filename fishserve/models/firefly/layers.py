@@ -1,6 +1,11 @@
 """Building blocks of the Firefly decoder/encoder (spec §4.3).
 
-All tensors are channels-first ``(B, C, T)``. Every convolution is causal in time. Weight norm is
+Tensors are channels-first ``(B, C, T)``; every convolution is causal in time. The HiFi-GAN head
+also accepts ``(B, C, 1, T)`` tensors, for which its convolutions run as ``conv2d`` with a height
+of one: in ``torch.channels_last`` memory format that keeps cuDNN in its native NHWC layout on
+the GPU, instead of transposing every activation in and out of each ``conv1d`` (measured on an
+H200 to be ~40% of the decoder's time; docs/benchmarks.md §2). Both layouts compute the same
+function. Weight norm is
 not a runtime parametrization here: checkpoints are folded into plain ``weight`` tensors at load
 time (see :mod:`.loading`); convs that carry weight norm in the checkpoint are flagged with
 ``weight_norm=True`` so the loader knows which keys to fold.
@@ -38,7 +43,8 @@ class CausalConv1d(nn.Module):
     zeros and right-padded with the fewest zeros that complete the last window, so a stride-1 conv
     keeps the length and a stride-s conv gives ``ceil(T / s)`` frames.
 
-    Shapes: ``(B, C_in, T) -> (B, C_out, T_out)``.
+    Shapes: ``(B, C_in, T) -> (B, C_out, T_out)``, or ``(B, C_in, 1, T) -> (B, C_out, 1, T_out)``
+    (run as ``conv2d``; the memory format of the input is kept).
     """
 
     def __init__(
@@ -67,13 +73,25 @@ class CausalConv1d(nn.Module):
         length = x.shape[-1]
         n_frames = math.ceil((length - k + pad_left) / s + 1)
         extra = (n_frames - 1) * s + k - pad_left - length
-        return self.conv(F.pad(x, (pad_left, extra)))
+        x = F.pad(x, (pad_left, extra))
+        if x.ndim == 4:
+            conv = self.conv
+            return F.conv2d(
+                x,
+                conv.weight[:, :, None],
+                conv.bias,
+                stride=(1, s),
+                dilation=(1, conv.dilation[0]),
+                groups=conv.groups,
+            )
+        return self.conv(x)
 
 
 class CausalConvTranspose1d(nn.Module):
     """Causal ``ConvTranspose1d`` ("FishTransConvNet", spec §4.3): drop the last ``k - s`` samples.
 
-    Shapes: ``(B, C_in, T) -> (B, C_out, T * stride)``. The weight layout is ``[C_in, C_out, k]``.
+    Shapes: ``(B, C_in, T) -> (B, C_out, T * stride)`` (or with a height-1 axis, see
+    :class:`CausalConv1d`). The weight layout is ``[C_in, C_out, k]``.
     """
 
     def __init__(
@@ -92,7 +110,12 @@ class CausalConvTranspose1d(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Upsample by ``stride`` keeping causality."""
-        y = self.conv(x)
+        if x.ndim == 4:
+            conv = self.conv
+            weight, stride = conv.weight[:, :, None], (1, conv.stride[0])
+            y = F.conv_transpose2d(x, weight, conv.bias, stride=stride)
+        else:
+            y = self.conv(x)
         return y[..., : y.shape[-1] - self.trim] if self.trim > 0 else y
 
 
@@ -198,7 +221,7 @@ class ResBlock(nn.Module):
 class ParallelBlock(nn.Module):
     """Mean of several :class:`ResBlock` outputs on the same input (spec §4.3).
 
-    Shapes: ``(B, C, T) -> (B, C, T)``.
+    Shapes: ``(B, C, T) -> (B, C, T)`` (or ``(B, C, 1, T)``).
     """
 
     def __init__(
@@ -213,8 +236,11 @@ class ParallelBlock(nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:
-        """Average the parallel residual blocks."""
-        return torch.stack([block(x) for block in self.blocks], dim=0).mean(dim=0)
+        """Average the parallel residual blocks (a running sum keeps the input's memory format)."""
+        total = self.blocks[0](x)
+        for block in self.blocks[1:]:
+            total = total + block(x)
+        return total / len(self.blocks)
 
 
 class HiFiGANHead(nn.Module):
@@ -222,7 +248,8 @@ class HiFiGANHead(nn.Module):
 
     ``conv_pre`` -> per stage ``SiLU -> causal transposed conv (c -> c/2) -> ParallelBlock`` ->
     ``SiLU -> conv_post (-> 1 channel) -> tanh``. All convs are weight-normed in checkpoints.
-    Shapes: ``(B, num_mels, T) -> (B, 1, T * prod(upsample_rates))``, values in (-1, 1).
+    Shapes: ``(B, num_mels, T) -> (B, 1, T * prod(upsample_rates))``, values in (-1, 1); a
+    ``(B, num_mels, 1, T)`` input gives ``(B, 1, 1, T * prod(upsample_rates))``.
     """
 
     def __init__(self, cfg: HeadConfig) -> None:

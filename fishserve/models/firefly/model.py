@@ -110,12 +110,35 @@ class FireflyGenerator(nn.Module):
         factor, hop = self.config.downsample_factor, self.config.hop_length
         if codes.shape[-1] == 0:
             return torch.zeros(codes.shape[0], 1, 0, device=self.device), lengths * factor * hop
-        z = self.decode_latent(codes)
+        return self.decode_unchecked(codes, lengths), lengths * factor * hop
+
+    def decode_unchecked(
+        self, codes: Tensor, lengths: Tensor, channels_last: bool = False
+    ) -> Tensor:
+        """The body of :meth:`decode` with no validation and no host synchronisation.
+
+        Pure tensor code with static shapes, so it can be compiled and captured in a CUDA graph
+        (:class:`fishserve.audio.decoder_runner.DecoderRunner`).
+
+        Args:
+            codes: ``(B, G, L)`` int64 codes on the decoder's device, ``L >= 1``.
+            lengths: ``(B,)`` int64 valid frames per item, each in ``[0, L]`` (not checked).
+            channels_last: run the HiFi-GAN head on ``(B, C, 1, T)`` tensors in
+                ``torch.channels_last`` format (the fast layout for cuDNN; same function).
+
+        Returns:
+            ``(B, 1, L * frame_samples)`` float32 waveform, zero past ``lengths * frame_samples``.
+        """
+        factor, hop = self.config.downsample_factor, self.config.hop_length
+        z = self.quantizer.upsample_latent(self.quantizer.decode_codes(codes).to(self.dtype))
         z = z * sequence_mask(lengths * factor, z.shape[-1])[:, None].to(z.dtype)
-        wav = self.head(z).float()
-        audio_lengths = lengths * factor * hop
-        wav = wav * sequence_mask(audio_lengths, wav.shape[-1])[:, None].float()
-        return wav, audio_lengths
+        if channels_last:
+            z = z[:, :, None].contiguous(memory_format=torch.channels_last)
+            wav = self.head(z)[:, :, 0].float()
+        else:
+            wav = self.head(z).float()
+        mask = sequence_mask(lengths * factor * hop, wav.shape[-1])[:, None]
+        return wav * mask.float()
 
     def forward(self, codes: Tensor, feature_lengths: Tensor) -> tuple[Tensor, Tensor]:
         """Alias of :meth:`decode` (the generator's inference direction)."""

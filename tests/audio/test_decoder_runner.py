@@ -1,0 +1,121 @@
+"""Tests for fishserve.audio.decoder_runner: shape buckets, padding, channels_last head.
+
+On CPU the runner decodes eagerly; with ``pad=True`` it pads every call to its (batch, frames)
+bucket exactly as it does on the GPU before a CUDA-graph replay, so padding exactness is tested
+here. Measured on the tiny fixture decoder (CPU fp32): padded vs alone max abs difference ~4e-8,
+channels_last head vs conv1d head ~3e-8; asserted 1e-5 like tests/audio/test_batching.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import RecordingDecoder, random_codes
+
+from fishserve.audio.batching import DecodeJob, decode_batch
+from fishserve.audio.decoder_runner import DecoderRunner, frame_buckets_for
+from fishserve.audio.streaming import ChunkPolicy, StreamingDecoder
+from fishserve.models.firefly import FireflyConfig, FireflyGenerator
+
+TOL = 1e-5
+
+
+def test_released_buckets_match_the_default_schedule() -> None:
+    # first chunk 10, then 10 + 20, 15 + 40, 15 + 64 frames (rounded up to multiples of 8)
+    assert frame_buckets_for(ChunkPolicy(), FireflyConfig.released()) == (16, 32, 56, 80)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        ChunkPolicy(),
+        ChunkPolicy(1, 4, growth=1.0),
+        ChunkPolicy(7, 30, growth=1.5),
+        ChunkPolicy(40, 8),
+    ],
+)
+def test_every_job_of_a_stream_fits_a_bucket(
+    tiny_decoder: FireflyGenerator, policy: ChunkPolicy
+) -> None:
+    buckets = frame_buckets_for(policy, tiny_decoder.config)
+    stream = StreamingDecoder(tiny_decoder, policy)
+    stream.push(random_codes(tiny_decoder.config.n_groups, 333, seed=1))
+    stream.close()
+    lengths = []
+    while (job := stream.next_job()) is not None:
+        lengths.append(job.total_frames)
+    assert lengths and max(lengths) <= buckets[-1]
+    assert all(b % 8 == 0 for b in buckets)
+
+
+def jobs_of_mixed_lengths(groups: int) -> list[DecodeJob]:
+    codes = random_codes(groups, 300, seed=7)
+    spans = [(0, 10, 0), (5, 70, 25), (100, 135, 25), (200, 201, 0), (150, 160, 9)]
+    return [DecodeJob(codes[:, a:b].copy(), context) for a, b, context in spans]
+
+
+def test_padded_calls_equal_decoding_alone(tiny_decoder: FireflyGenerator) -> None:
+    recorder = RecordingDecoder(tiny_decoder)
+    runner = DecoderRunner(recorder, max_batch=4, frame_buckets=(16, 48, 72), pad=True)
+    jobs = jobs_of_mixed_lengths(tiny_decoder.config.n_groups)
+    audio = runner.decode_jobs(jobs)
+    groups = tiny_decoder.config.n_groups
+    # 5 jobs, at most 4 per call: a call of 4 (padded to 72 frames) and one of 1 (to 16)
+    assert recorder.calls == [(4, groups, 72), (1, groups, 16)]
+    assert runner.calls == 2 and runner.frames_decoded == sum(j.new_frames for j in jobs)
+    for job, samples in zip(jobs, audio, strict=True):
+        (alone,) = decode_batch(tiny_decoder, [job])
+        assert samples.shape == alone.shape
+        assert np.abs(samples - alone).max() <= TOL
+
+
+def test_batch_is_padded_to_a_power_of_two(tiny_decoder: FireflyGenerator) -> None:
+    recorder = RecordingDecoder(tiny_decoder)
+    runner = DecoderRunner(recorder, max_batch=8, frame_buckets=(80,), pad=True)
+    jobs = jobs_of_mixed_lengths(tiny_decoder.config.n_groups)[:3]
+    runner.decode_jobs(jobs)
+    assert recorder.calls == [(4, tiny_decoder.config.n_groups, 80)]
+
+
+def test_job_longer_than_every_bucket_runs_unpadded(tiny_decoder: FireflyGenerator) -> None:
+    recorder = RecordingDecoder(tiny_decoder)
+    runner = DecoderRunner(recorder, max_batch=2, frame_buckets=(16,), pad=True)
+    (job,) = jobs_of_mixed_lengths(tiny_decoder.config.n_groups)[1:2]
+    (samples,) = runner.decode_jobs([job])
+    assert recorder.calls == [(1, tiny_decoder.config.n_groups, 65)]
+    (alone,) = decode_batch(tiny_decoder, [job])
+    assert np.abs(samples - alone).max() <= TOL
+
+
+def test_cpu_runner_does_not_pad_by_default(tiny_decoder: FireflyGenerator) -> None:
+    recorder = RecordingDecoder(tiny_decoder)
+    runner = DecoderRunner(recorder, max_batch=8, frame_buckets=(80,))
+    assert runner.num_captures == 0 and runner.stream is None
+    runner.decode_jobs(jobs_of_mixed_lengths(tiny_decoder.config.n_groups)[:3])
+    assert recorder.calls == [(3, tiny_decoder.config.n_groups, 65)]
+
+
+def test_channels_last_head_equals_conv1d_head(tiny_decoder: FireflyGenerator) -> None:
+    codes = torch.from_numpy(random_codes(tiny_decoder.config.n_groups, 40, seed=5))[None]
+    codes = codes.repeat(2, 1, 1)
+    lengths = torch.tensor([40, 23])
+    with torch.inference_mode():
+        plain = tiny_decoder.decode_unchecked(codes, lengths)
+        fast = tiny_decoder.decode_unchecked(codes, lengths, channels_last=True)
+    assert fast.shape == plain.shape == (2, 1, 40 * tiny_decoder.config.frame_samples)
+    assert (fast - plain).abs().max().item() <= TOL
+    assert fast[1, 0, 23 * tiny_decoder.config.frame_samples :].abs().max().item() == 0.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_runner_matches_eager(tiny_decoder: FireflyGenerator) -> None:
+    gpu = tiny_decoder.to("cuda")
+    runner = DecoderRunner(gpu, max_batch=4, frame_buckets=(16, 72))
+    assert runner.num_captures == 3 * 2 and runner.stream is not None
+    jobs = jobs_of_mixed_lengths(gpu.config.n_groups)
+    audio = runner.decode_jobs(jobs)
+    for job, samples in zip(jobs, audio, strict=True):
+        (alone,) = decode_batch(gpu, [job])
+        assert np.abs(samples - alone).max() <= 1e-4  # TF32/cuDNN algorithms differ on GPU
+    assert runner.busy_seconds > 0

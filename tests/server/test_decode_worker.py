@@ -1,0 +1,80 @@
+"""Tests for fishserve.server.decode_worker: batching, earliest-deadline-first order, failures."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from fishserve.audio.batching import DecodeJob
+from fishserve.server.decode_worker import DecodeWorker
+
+
+class GatedRunner:
+    """A stand-in DecoderRunner: records each call's job tags; the first call waits on a gate."""
+
+    def __init__(self, max_batch: int, fail_tag: int | None = None) -> None:
+        self.max_batch = max_batch
+        self.calls: list[list[int]] = []
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.fail_tag = fail_tag
+        self.frames_decoded = 0
+
+    def decode_jobs(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
+        tags = [int(job.codes[0, 0]) for job in jobs]
+        self.calls.append(tags)
+        if len(self.calls) == 1:
+            self.entered.set()
+            assert self.gate.wait(10)
+        if self.fail_tag in tags:
+            raise RuntimeError("decoder exploded")
+        pairs = zip(jobs, tags, strict=True)
+        return [np.full(job.new_frames, tag, dtype=np.float32) for job, tag in pairs]
+
+
+def job(tag: int) -> DecodeJob:
+    return DecodeJob(np.full((2, 3), tag, dtype=np.int64), context_frames=1)
+
+
+def test_queued_jobs_run_earliest_deadline_first_in_batches() -> None:
+    runner = GatedRunner(max_batch=2)
+    worker = DecodeWorker(runner)  # type: ignore[arg-type]
+    worker.start()
+    first = worker.submit(job(0))
+    assert runner.entered.wait(5)  # the worker is busy with job 0: the rest queue up
+    deadlines = {1: 50.0, 2: 10.0, 3: 30.0, 4: 20.0}
+    futures = {tag: worker.submit(job(tag), deadline=d) for tag, d in deadlines.items()}
+    runner.gate.set()
+    assert first.result(5).tolist() == [0.0, 0.0]
+    assert {tag: f.result(5)[0] for tag, f in futures.items()} == {1: 1, 2: 2, 3: 3, 4: 4}
+    worker.shutdown()
+    assert runner.calls == [[0], [2, 4], [3, 1]]
+
+
+def test_a_failed_call_fails_its_jobs_only() -> None:
+    runner = GatedRunner(max_batch=1, fail_tag=5)
+    runner.gate.set()
+    worker = DecodeWorker(runner)  # type: ignore[arg-type]
+    worker.start()
+    bad = worker.submit(job(5))
+    with pytest.raises(RuntimeError, match="exploded"):
+        bad.result(5)
+    assert worker.submit(job(6)).result(5)[0] == 6
+    worker.shutdown()
+
+
+def test_cancelled_jobs_are_skipped() -> None:
+    runner = GatedRunner(max_batch=4)
+    worker = DecodeWorker(runner)  # type: ignore[arg-type]
+    worker.start()
+    worker.submit(job(0))
+    assert runner.entered.wait(5)
+    dropped = worker.submit(job(1))
+    kept = worker.submit(job(2))
+    assert dropped.cancel()
+    runner.gate.set()
+    assert kept.result(5)[0] == 2
+    worker.shutdown()
+    assert runner.calls == [[0], [2]]
