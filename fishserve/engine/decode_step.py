@@ -1,11 +1,14 @@
 """The decode step with static shapes, and its CUDA-graph capture per batch-size bucket.
 
 A decode step (every running sequence adds one frame) is a fixed sequence of kernels for a
-given batch size: embed the last frames, run the slow transformer over one position per
-sequence with paged attention, sample the token, run the fast transformer over the codebooks
-and sample them. `CudaGraphDecoder` captures it once per bucket (1, 2, 4, 8, 16, 32, ... up to
-the engine's `max_num_seqs`) at start-up and replays it, padding a batch to the next bucket;
-nothing is captured again while serving (`num_captures` says how many were made).
+given batch size, in two halves: (1) embed the last frames, run the slow transformer over one
+position per sequence with paged attention and sample the token (over the top-k candidates,
+`sample_prefiltered`); (2) run the fast transformer over the codebooks and sample them. Between
+the halves, the rows whose nucleus is not inside the top-k candidates (rare with a trained model)
+are resampled over the full vocabulary, eagerly and for those rows only, so every token is the
+one the full computation gives. `CudaGraphDecoder` captures each half once per bucket (1, 2, 4,
+8, 16, 32, ... up to the engine's `max_num_seqs`) at start-up and replays them, padding a batch
+to the next bucket; nothing is captured again while serving (`num_captures` counts buckets).
 """
 
 from __future__ import annotations
@@ -19,7 +22,13 @@ import torch
 from torch import Tensor
 
 from fishserve.engine.decode_attention import DecodeAttention, DecodeMetadata
-from fishserve.engine.frame import BatchSampling, sample_frame
+from fishserve.engine.frame import (
+    BatchSampling,
+    inexact_rows,
+    resample_rows_,
+    sample_codebooks,
+    sample_token,
+)
 from fishserve.engine.kv_cache import PagedKVCache
 from fishserve.engine.sampling import REPETITION_WINDOW
 from fishserve.engine.sequence import Sequence
@@ -121,15 +130,24 @@ def build_decode_inputs(seqs: list[Sequence], block_size: int, max_blocks: int) 
     )
 
 
-def decode_step(
-    model: DualARTransformer, cache: PagedKVCache, inputs: DecodeInputs, use_triton: bool
-) -> Tensor:
-    """One decode step on device tensors; returns frames int64 (B, 1 + nc) (no host sync)."""
-    meta = DecodeMetadata(inputs.slot_mapping, inputs.block_tables, inputs.context_lens)
-    x = model.embed(inputs.columns[:, :, None])
-    attn = DecodeAttention(cache, meta, use_triton)
-    hidden = model.forward_slow(x, inputs.positions[:, None], attn)[:, -1]
-    sampling = BatchSampling(
+@dataclass
+class TokenStep:
+    """Output of the first half of a decode step (device tensors).
+
+    Attributes:
+        hidden: (B, D) slow hidden states of the new positions.
+        token: int64 (B,) sampled slow tokens (valid where `exact`, or after resampling).
+        exact: bool (B,) rows the top-k prefilter decided, or None without prefilter.
+    """
+
+    hidden: Tensor
+    token: Tensor
+    exact: Tensor | None
+
+
+def sampling_of(inputs: DecodeInputs) -> BatchSampling:
+    """The per-row sampling tensors of `inputs`."""
+    return BatchSampling(
         inputs.temperature,
         inputs.top_p,
         inputs.penalty,
@@ -137,7 +155,55 @@ def decode_step(
         inputs.segments,
         inputs.frames,
     )
-    return sample_frame(model, hidden, model.slow_logits(hidden), sampling, inputs.windows)
+
+
+def decode_step_token(
+    model: DualARTransformer,
+    cache: PagedKVCache,
+    inputs: DecodeInputs,
+    use_triton: bool,
+    top_k_prefilter: int,
+) -> TokenStep:
+    """First half: slow transformer and token sampling (no host sync)."""
+    meta = DecodeMetadata(inputs.slot_mapping, inputs.block_tables, inputs.context_lens)
+    x = model.embed(inputs.columns[:, :, None])
+    attn = DecodeAttention(cache, meta, use_triton)
+    hidden = model.forward_slow(x, inputs.positions[:, None], attn)[:, -1]
+    window = inputs.windows[:, 0]
+    logits = model.slow_logits(hidden)
+    token, exact = sample_token(logits, sampling_of(inputs), window, top_k_prefilter)
+    return TokenStep(hidden, token, exact)
+
+
+def resample_inexact_(model: DualARTransformer, step: TokenStep, inputs: DecodeInputs) -> int:
+    """Resample the rows the prefilter could not decide (host sync); returns how many."""
+    rows = inexact_rows(step.exact)
+    if rows is None:
+        return 0
+    logits = model.slow_logits(step.hidden[rows])
+    resample_rows_(step.token, rows, logits, sampling_of(inputs), inputs.windows[:, 0])
+    return int(rows.numel())
+
+
+def decode_step_codes(model: DualARTransformer, step: TokenStep, inputs: DecodeInputs) -> Tensor:
+    """Second half: fast transformer; frames int64 (B, 1 + nc) (no host sync)."""
+    return sample_codebooks(model, step.hidden, step.token, sampling_of(inputs), inputs.windows)
+
+
+def decode_step(
+    model: DualARTransformer,
+    cache: PagedKVCache,
+    inputs: DecodeInputs,
+    use_triton: bool,
+    top_k_prefilter: int = 0,
+) -> Tensor:
+    """One whole decode step on device tensors; returns frames int64 (B, 1 + nc).
+
+    Synchronises with the device only when `top_k_prefilter` is on (to find inexact rows).
+    """
+    step = decode_step_token(model, cache, inputs, use_triton, top_k_prefilter)
+    resample_inexact_(model, step, inputs)
+    return decode_step_codes(model, step, inputs)
 
 
 def graph_buckets(max_batch: int) -> list[int]:
@@ -149,8 +215,23 @@ def graph_buckets(max_batch: int) -> list[int]:
     return [*sizes, max_batch]
 
 
+@dataclass
+class _Captured:
+    """The two graphs of one bucket and their static inputs and outputs."""
+
+    token_graph: torch.cuda.CUDAGraph
+    codes_graph: torch.cuda.CUDAGraph
+    inputs: DecodeInputs
+    step: TokenStep
+    frames: Tensor
+
+
 class CudaGraphDecoder:
-    """Decode steps replayed from CUDA graphs captured at start-up, one per batch bucket."""
+    """Decode steps replayed from CUDA graphs captured at start-up, one pair per batch bucket.
+
+    Attributes:
+        resampled_rows: rows resampled over the full vocabulary so far (prefilter misses).
+    """
 
     def __init__(
         self,
@@ -159,13 +240,16 @@ class CudaGraphDecoder:
         max_batch: int,
         max_blocks: int,
         use_triton: bool,
+        top_k_prefilter: int = 0,
     ) -> None:
         self.model, self.cache, self.use_triton = model, cache, use_triton
+        self.top_k_prefilter = top_k_prefilter
         self.device = model.embeddings.weight.device
         self.buckets = graph_buckets(max_batch)
         rows = model.config.num_codebooks + 1
         self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, DecodeInputs, Tensor]] = {}
+        self.graphs: dict[int, _Captured] = {}
+        self.resampled_rows = 0
         self.neutral = {
             b: DecodeInputs.empty(b, rows, max_blocks, self.device) for b in self.buckets
         }
@@ -175,23 +259,31 @@ class CudaGraphDecoder:
             self.graphs[b] = self._capture(inputs)
         self.num_captures = len(self.graphs)
         log.info(
-            "captured %d decode CUDA graphs (batch %s) in %.1f s",
+            "captured %d decode CUDA graph pairs (batch %s) in %.1f s",
             self.num_captures,
             self.buckets,
             time.perf_counter() - start,
         )
 
-    def _capture(self, inputs: DecodeInputs) -> tuple[torch.cuda.CUDAGraph, DecodeInputs, Tensor]:
+    def _token(self, inputs: DecodeInputs) -> TokenStep:
+        k = self.top_k_prefilter
+        return decode_step_token(self.model, self.cache, inputs, self.use_triton, k)
+
+    def _capture(self, inputs: DecodeInputs) -> _Captured:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream), torch.inference_mode():
             for _ in range(2):  # warm-up: Triton compilation, cuBLAS workspaces
-                decode_step(self.model, self.cache, inputs, self.use_triton)
+                step = self._token(inputs)
+                decode_step_codes(self.model, step, inputs)
         torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
-            out = decode_step(self.model, self.cache, inputs, self.use_triton)
-        return graph, inputs, out
+        token_graph, codes_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.inference_mode():
+            with torch.cuda.graph(token_graph, pool=self.pool):
+                step = self._token(inputs)
+            with torch.cuda.graph(codes_graph, pool=self.pool):
+                frames = decode_step_codes(self.model, step, inputs)
+        return _Captured(token_graph, codes_graph, inputs, step, frames)
 
     @property
     def max_batch(self) -> int:
@@ -199,12 +291,15 @@ class CudaGraphDecoder:
         return self.buckets[-1]
 
     def run(self, host: DecodeInputs) -> Tensor:
-        """Replay the smallest graph that holds `host`'s B rows; frames (B, 1 + nc) on device."""
+        """Replay the smallest graphs that hold `host`'s B rows; frames (B, 1 + nc) on device."""
         b = host.columns.shape[0]
         bucket = next(size for size in self.buckets if size >= b)
-        graph, inputs, out = self.graphs[bucket]
+        captured = self.graphs[bucket]
         if bucket > b:  # padded rows: back to neutral values
-            inputs.copy_rows_(self.neutral[bucket], start=b)
-        inputs.copy_rows_(host)
-        graph.replay()
-        return out[:b]
+            captured.inputs.copy_rows_(self.neutral[bucket], start=b)
+        captured.inputs.copy_rows_(host)
+        captured.token_graph.replay()
+        with torch.inference_mode():
+            self.resampled_rows += resample_inexact_(self.model, captured.step, captured.inputs)
+        captured.codes_graph.replay()
+        return captured.frames[:b]

@@ -51,6 +51,9 @@ class EngineConfig:
         decoder_workspace_bytes: memory set aside for the audio decoder.
         enforce_eager: no CUDA graphs (decode steps run eagerly).
         static_decode: use the static-shape decode path on CPU too (it always is on CUDA).
+        top_k_prefilter: the slow token's top-p looks at the k most likely ids first and falls
+            back to a full sort only for rows whose nucleus is not inside them (exact either
+            way; `fishserve.engine.sampling.sample_prefiltered`); 0 always sorts.
     """
 
     kv_cache_dtype: str = "auto"
@@ -63,6 +66,7 @@ class EngineConfig:
     cpu_kv_cache_bytes: int = 256 * MiB
     enforce_eager: bool = False
     static_decode: bool = False
+    top_k_prefilter: int = 1024
 
 
 @dataclass(frozen=True)
@@ -150,7 +154,12 @@ class LLMEngine:
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.blocks
         )
         self.runner = ModelRunner(
-            model, self.cache, config.max_num_seqs, config.enforce_eager, config.static_decode
+            model,
+            self.cache,
+            config.max_num_seqs,
+            config.enforce_eager,
+            config.static_decode,
+            config.top_k_prefilter,
         )
         self.sequences: dict[str, Sequence] = {}
         self.frames_generated = 0

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fishserve.engine.sampling import exponential_noise, noise_counter, sample
+from fishserve.engine.sampling import (
+    exponential_noise,
+    noise_counter,
+    sample,
+    sample_prefiltered,
+)
 from fishserve.models.attention import DenseKVCache
 from fishserve.models.dual_ar import DualARTransformer
 
@@ -39,6 +44,71 @@ class BatchSampling:
         """int64 (B,) noise counters of `slot` (0 = slow token, i = codebook i)."""
         return noise_counter(self.segments, self.frames, slot)
 
+    def select(self, rows: Tensor) -> BatchSampling:
+        """The settings of `rows` (int64 (R,) indices) only."""
+        return BatchSampling(
+            *(t[rows] for t in (self.temperature, self.top_p, self.penalty, self.seeds)),
+            self.segments[rows],
+            self.frames[rows],
+        )
+
+
+def sample_token(
+    logits: Tensor, params: BatchSampling, window: Tensor | None, top_k_prefilter: int
+) -> tuple[Tensor, Tensor | None]:
+    """Sample the slow token of each row (no host synchronisation).
+
+    Args:
+        logits: (B, V) slow logits. window: int64 (B, W) penalty window or None.
+        top_k_prefilter: candidates of `sample_prefiltered`; 0 (or >= V) samples over the full
+            vocabulary with a full sort (`sample`).
+
+    Returns:
+        ``(token, exact)``: int64 (B,); bool (B,) rows the prefilter got exactly (None without
+        prefilter). Rows that are not exact must go through `resample_rows_`.
+    """
+    counters = params.counters(0)
+    if 0 < top_k_prefilter < logits.shape[-1]:
+        return sample_prefiltered(
+            logits,
+            params.temperature,
+            params.top_p,
+            params.penalty,
+            window,
+            params.seeds,
+            counters,
+            top_k_prefilter,
+        )
+    noise = exponential_noise(params.seeds, counters, logits.shape[-1])
+    return sample(logits, params.temperature, params.top_p, params.penalty, window, noise), None
+
+
+def inexact_rows(exact: Tensor | None) -> Tensor | None:
+    """int64 (R,) rows the prefilter could not decide, or None (synchronises with the device)."""
+    if exact is None:
+        return None
+    rows = (~exact).nonzero()[:, 0]
+    return rows if rows.numel() else None
+
+
+def resample_rows_(
+    token: Tensor,
+    rows: Tensor,
+    logits: Tensor,
+    params: BatchSampling,
+    window: Tensor | None,
+) -> None:
+    """Overwrite `token[rows]` with the full-vocabulary draw (`sample`) of those rows.
+
+    Args:
+        token: int64 (B,) tokens, updated in place. rows: int64 (R,).
+        logits: (R, V) slow logits of those rows. window: int64 (B, W) or None.
+    """
+    sub = params.select(rows)
+    noise = exponential_noise(sub.seeds, sub.counters(0), logits.shape[-1])
+    sub_window = None if window is None else window[rows]
+    token[rows] = sample(logits, sub.temperature, sub.top_p, sub.penalty, sub_window, noise)
+
 
 def sample_frame(
     model: DualARTransformer,
@@ -46,6 +116,7 @@ def sample_frame(
     logits: Tensor,
     params: BatchSampling,
     windows: Tensor | None,
+    top_k_prefilter: int = 0,
 ) -> Tensor:
     """Sample one frame per row.
 
@@ -56,17 +127,40 @@ def sample_frame(
         params: per-row sampling tensors.
         windows: int64 (B, 1 + nc, W) repetition windows (row 0 penalises the token, row
             i + 1 codebook i), or None for no penalty (the prefill frame).
+        top_k_prefilter: see `sample_token` (rows it cannot decide are resampled exactly,
+            which synchronises with the device).
 
     Returns:
         int64 (B, 1 + nc): [token, code_0, ..., code_{nc-1}]. code_0 = token -
         semantic_begin_id for semantic tokens, else 0 (the reference clamps at 0 and would
         crash on ids past the last semantic token; we map those to 0 too).
     """
+    window = None if windows is None else windows[:, 0]
+    token, exact = sample_token(logits, params, window, top_k_prefilter)
+    rows = inexact_rows(exact)
+    if rows is not None:
+        resample_rows_(token, rows, logits[rows], params, window)
+    return sample_codebooks(model, hidden, token, params, windows)
+
+
+def sample_codebooks(
+    model: DualARTransformer,
+    hidden: Tensor,
+    token: Tensor,
+    params: BatchSampling,
+    windows: Tensor | None,
+) -> Tensor:
+    """Codebook 0 from the token, then the fast transformer samples codebooks 1..nc-1.
+
+    Args:
+        hidden: (B, D) slow hidden states; token: int64 (B,) sampled slow tokens; params,
+            windows: as in `sample_frame`.
+
+    Returns:
+        int64 (B, 1 + nc) frames (see `sample_frame`).
+    """
     c = model.config
     b = hidden.shape[0]
-    vocab_noise = exponential_noise(params.seeds, params.counters(0), logits.shape[-1])
-    window = None if windows is None else windows[:, 0]
-    token = sample(logits, params.temperature, params.top_p, params.penalty, window, vocab_noise)
     code = torch.where(model.is_semantic(token), token - model.semantic_begin_id, 0)
     codes = [code]
     cache = DenseKVCache(

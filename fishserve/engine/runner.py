@@ -120,6 +120,8 @@ class ModelRunner:
     Args:
         max_batch: largest decode batch (the engine's `max_num_seqs`).
         static_decode: use the static decode path on CPU too (tests); always on for CUDA.
+        top_k_prefilter: candidates for the slow token's top-p (`sample_prefiltered`); 0: a
+            full sort. Rows it cannot decide are resampled exactly.
     """
 
     def __init__(
@@ -129,6 +131,7 @@ class ModelRunner:
         max_batch: int = 1,
         enforce_eager: bool = False,
         static_decode: bool = False,
+        top_k_prefilter: int = 0,
     ) -> None:
         self.model = model
         self.cache = cache
@@ -137,10 +140,11 @@ class ModelRunner:
         self.use_triton = on_gpu and triton_available()
         self.static_decode = static_decode or on_gpu
         self.max_blocks = -(-model.config.max_seq_len // cache.layout.block_size)
+        self.top_k_prefilter = top_k_prefilter
         self.graphs: CudaGraphDecoder | None = None
         if on_gpu and not enforce_eager:
             self.graphs = CudaGraphDecoder(
-                model, cache, max_batch, self.max_blocks, self.use_triton
+                model, cache, max_batch, self.max_blocks, self.use_triton, top_k_prefilter
             )
 
     @property
@@ -166,7 +170,8 @@ class ModelRunner:
             return []
         last = hidden[0, inputs.sample_rows]  # (S, D)
         sampling, windows = batch_sampling(inputs.samplers, self.device)
-        frames = sample_frame(model, last, model.slow_logits(last), sampling, windows)
+        logits = model.slow_logits(last)
+        frames = sample_frame(model, last, logits, sampling, windows, self.top_k_prefilter)
         return list(zip(inputs.samplers, frames.cpu(), strict=True))
 
     def _execute_decode(self, seqs: list[Sequence]) -> list[tuple[Sequence, Tensor]]:
@@ -174,7 +179,9 @@ class ModelRunner:
         if self.graphs is not None and len(seqs) <= self.graphs.max_batch:
             frames = self.graphs.run(host)
         else:
-            frames = decode_step(self.model, self.cache, host.to(self.device), self.use_triton)
+            inputs = host.to(self.device)
+            k = self.top_k_prefilter
+            frames = decode_step(self.model, self.cache, inputs, self.use_triton, k)
         for seq in seqs:
             seq.num_computed += 1
         return list(zip(seqs, frames.cpu(), strict=True))

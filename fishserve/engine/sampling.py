@@ -92,9 +92,27 @@ def exponential_noise(seeds: Tensor, counters: Tensor, vocab: int) -> Tensor:
     Returns:
         float32 (B, V), strictly positive.
     """
+    ids = torch.arange(vocab, device=seeds.device)
+    return _noise(seeds, counters, ids[None, :])
+
+
+@gpu_fused
+def exponential_noise_at(seeds: Tensor, counters: Tensor, ids: Tensor) -> Tensor:
+    """`exponential_noise` at chosen indices only: ``exponential_noise(...).gather(1, ids)``.
+
+    Args:
+        seeds, counters: int64 (B,). ids: int64 (B, K) vocabulary indices.
+
+    Returns:
+        float32 (B, K), bit-identical to the gathered full-vocabulary noise.
+    """
+    return _noise(seeds, counters, ids)
+
+
+def _noise(seeds: Tensor, counters: Tensor, ids: Tensor) -> Tensor:
     row = _mix32(_mix32(seeds & _MASK32) ^ (counters & _MASK32))
-    index = _mix32(_mul32(torch.arange(vocab, device=seeds.device), _GOLDEN32))
-    bits = _mix32(row[:, None] ^ index[None, :])
+    index = _mix32(_mul32(ids, _GOLDEN32))
+    bits = _mix32(row[:, None] ^ index)
     uniform = ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
     return -torch.log(uniform)
 
@@ -152,6 +170,55 @@ def sample(
     if window is not None:
         logits = apply_repetition_penalty(logits, window, penalty)
     logits = top_p_filter(logits, top_p)
+    return _race(logits, temperature, noise)
+
+
+def _race(logits: Tensor, temperature: Tensor, noise: Tensor) -> Tensor:
+    """Index of argmax(softmax(logits / T) / noise) per row: the exponential-race draw."""
     scale = temperature.clamp(min=MIN_TEMPERATURE)[:, None]
     probs = torch.softmax(logits / scale, dim=-1)
     return torch.argmax(probs / noise, dim=-1)
+
+
+def sample_prefiltered(
+    logits: Tensor,
+    temperature: Tensor,
+    top_p: Tensor,
+    penalty: Tensor,
+    window: Tensor | None,
+    seeds: Tensor,
+    counters: Tensor,
+    k: int,
+) -> tuple[Tensor, Tensor]:
+    """`sample` over the top-k candidates only, and where that is exact.
+
+    Top-p keeps the most likely ids until their mass passes top_p. When the k most likely ids
+    (`torch.topk`, no full sort) already hold more than top_p of the probability mass, the
+    nucleus lies inside them and every other id would be removed anyway: sampling among the
+    candidates (with the same hash noise at their indices) gives the token `sample` gives. Rows
+    where the candidates hold at most top_p are flagged; the caller resamples those rows with
+    `sample` (`fishserve.engine.frame.resample_rows_`). The mass of each candidate is
+    ``exp(l - logsumexp(l))``, the same probability `top_p_filter`'s softmax computes, up to
+    float32 rounding of the normaliser: a row whose cumulative mass lies within rounding of
+    top_p can, in principle, cut one candidate differently.
+
+    Args:
+        logits: (B, V) float; temperature, top_p, penalty: (B,); window: int64 (B, W) or None.
+        seeds, counters: int64 (B,) noise stream of the draw (`exponential_noise`).
+        k: candidates per row, ``0 < k < V``.
+
+    Returns:
+        ``(token, exact)``: int64 (B,) sampled ids (valid where exact) and bool (B,).
+    """
+    logits = logits.float()
+    if window is not None:
+        logits = apply_repetition_penalty(logits, window, penalty)
+    values, ids = torch.topk(logits, k, dim=-1)  # (B, k), descending
+    mass = torch.exp(values - torch.logsumexp(logits, dim=-1, keepdim=True)).cumsum(dim=-1)
+    limit = top_p.to(mass.dtype)[:, None]
+    remove = mass > limit
+    remove[:, 0] = False
+    values = values.masked_fill(remove, float("-inf"))
+    noise = exponential_noise_at(seeds, counters, ids)
+    pick = _race(values, temperature, noise)
+    return ids.gather(1, pick[:, None])[:, 0], mass[:, -1] > limit[:, 0]

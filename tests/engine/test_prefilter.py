@@ -1,0 +1,127 @@
+"""The top-k prefilter for top-p gives the tokens of the full-sort sampler (issue 8, part 3).
+
+Peaked rows (nucleus inside the k candidates) are decided by the prefilter; flat rows are
+flagged and resampled over the full vocabulary; either way the token equals `sample`'s.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_engine, run_engine
+
+from fishserve.engine.engine import GenerationRequest
+from fishserve.engine.frame import BatchSampling, inexact_rows, sample_token
+from fishserve.engine.sampling import (
+    SamplingParams,
+    exponential_noise,
+    exponential_noise_at,
+    sample,
+    sample_prefiltered,
+)
+
+V, K = 5000, 64
+
+
+def batch(rows: int, seed: int, temperature: float = 0.7, top_p: float = 0.7) -> BatchSampling:
+    g = torch.Generator().manual_seed(seed)
+    f = torch.full((rows,), 1.0)
+    return BatchSampling(
+        temperature=f * temperature,
+        top_p=f * top_p,
+        penalty=f * 1.3,
+        seeds=torch.randint(0, 2**32, (rows,), generator=g),
+        segments=torch.zeros(rows, dtype=torch.int64),
+        frames=torch.randint(0, 500, (rows,), generator=g),
+    )
+
+
+def logits_of(rows: int, scale: float, seed: int) -> torch.Tensor:
+    """Gaussian logits; scale 8 puts > 0.9 of the mass on a few dozen ids, scale 0.5 is flat."""
+    return torch.randn(rows, V, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def full_tokens(logits: torch.Tensor, p: BatchSampling, window: torch.Tensor) -> torch.Tensor:
+    noise = exponential_noise(p.seeds, p.counters(0), V)
+    return sample(logits, p.temperature, p.top_p, p.penalty, window, noise)
+
+
+def test_noise_at_indices_is_the_gathered_full_noise() -> None:
+    p = batch(6, seed=1)
+    ids = torch.randint(0, V, (6, 100))
+    full = exponential_noise(p.seeds, p.counters(0), V)
+    assert torch.equal(exponential_noise_at(p.seeds, p.counters(0), ids), full.gather(1, ids))
+
+
+@pytest.mark.parametrize("temperature", [1e-6, 0.3, 0.7, 1.5])
+@pytest.mark.parametrize("top_p", [0.1, 0.7, 0.95])
+def test_peaked_rows_are_decided_by_the_prefilter(temperature: float, top_p: float) -> None:
+    p = batch(64, seed=int(temperature * 10 + top_p * 100), temperature=temperature, top_p=top_p)
+    logits = logits_of(64, scale=8.0, seed=2)
+    window = torch.randint(0, V, (64, 16))
+    token, exact = sample_prefiltered(
+        logits, p.temperature, p.top_p, p.penalty, window, p.seeds, p.counters(0), K
+    )
+    assert exact.all()
+    assert torch.equal(token, full_tokens(logits, p, window))
+
+
+def test_flat_rows_are_flagged_and_mixed_batches_resample_only_them() -> None:
+    p = batch(8, seed=3)
+    logits = logits_of(8, scale=8.0, seed=4)
+    flat = [1, 4, 5]
+    logits[flat] = logits_of(3, scale=0.5, seed=5)
+    window = torch.randint(0, V, (8, 16))
+    _, exact = sample_token(logits, p, window, K)
+    assert exact is not None
+    rows = inexact_rows(exact)
+    assert rows is not None and rows.tolist() == flat
+
+
+def test_sample_frame_with_prefilter_equals_full_sort(tiny_model) -> None:
+    from fishserve.engine.frame import sample_frame
+
+    c = tiny_model.config
+    p = batch(8, seed=6)
+    hidden = torch.randn(8, c.dim, generator=torch.Generator().manual_seed(7))
+    logits = logits_of(8, scale=8.0, seed=8)[:, : c.vocab_size]
+    logits[[0, 3]] *= 0.02  # two flat rows go through the exact fallback
+    windows = torch.randint(0, 1024, (8, 1 + c.num_codebooks, 16))
+    with torch.inference_mode():
+        fast = sample_frame(tiny_model, hidden, logits, p, windows, top_k_prefilter=16)
+        full = sample_frame(tiny_model, hidden, logits, p, windows, top_k_prefilter=0)
+    assert torch.equal(fast, full)
+
+
+def test_top_p_one_always_falls_back() -> None:
+    p = batch(4, seed=9, top_p=1.0)
+    logits = logits_of(4, scale=8.0, seed=10)
+    _, exact = sample_prefiltered(
+        logits, p.temperature, p.top_p, p.penalty, None, p.seeds, p.counters(0), K
+    )
+    assert not exact.any()
+
+
+@pytest.mark.parametrize("static_decode", [False, True])
+def test_engine_codes_do_not_depend_on_the_prefilter(tiny_model, tiny_tokenizer, static_decode):
+    """k = 8 sends most tiny-model rows to the fallback, k = 256 few, 0 none: same codes."""
+    requests = [
+        GenerationRequest(
+            f"hello number {i}",
+            [],
+            SamplingParams(0.8, 0.9, 1.2, seed=i),
+            max_new_tokens=24,
+            request_id=f"r{i}",
+        )
+        for i in range(4)
+    ]
+    results = {}
+    for k in (0, 8, 256):
+        engine = make_engine(
+            tiny_model, tiny_tokenizer, top_k_prefilter=k, static_decode=static_decode
+        )
+        results[k] = run_engine(engine, requests)
+    for rid in results[0]:
+        assert results[0][rid][0].shape[1] > 1
+        assert torch.equal(results[8][rid][0], results[0][rid][0])
+        assert torch.equal(results[256][rid][0], results[0][rid][0])
