@@ -122,6 +122,7 @@ class EngineStats:
     blocks_free: int
     preemptions: int
     frames_generated: int
+    busy_seconds: float = 0.0  # device time of the steps (ModelRunner.busy_seconds)
 
 
 class KVPoolTooSmallError(ValueError):
@@ -305,6 +306,7 @@ class LLMEngine:
             blocks_free=self.blocks.num_free,
             preemptions=self.scheduler.num_preemptions,
             frames_generated=self.frames_generated,
+            busy_seconds=self.runner.busy_seconds,
         )
 
     # -- the step ------------------------------------------------------------------------------

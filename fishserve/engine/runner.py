@@ -8,6 +8,7 @@ sequence that completes its pending positions gives logits and a hidden state, a
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -117,6 +118,9 @@ class ModelRunner:
     Triton attention, replayed from CUDA graphs unless `enforce_eager`. Batches with prefill
     positions take the general path (`TorchPagedAttention`).
 
+    Attributes:
+        busy_seconds: time the device spent on this runner's steps (see `execute`).
+
     Args:
         max_batch: largest decode batch (the engine's `max_num_seqs`).
         static_decode: use the static decode path on CPU too (tests); always on for CUDA.
@@ -141,6 +145,7 @@ class ModelRunner:
         self.static_decode = static_decode or on_gpu
         self.max_blocks = -(-model.config.max_seq_len // cache.layout.block_size)
         self.top_k_prefilter = top_k_prefilter
+        self.busy_seconds = 0.0
         self.graphs: CudaGraphDecoder | None = None
         if on_gpu and not enforce_eager:
             self.graphs = CudaGraphDecoder(
@@ -156,8 +161,23 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, Tensor]]:
         """Compute the batch; return (sequence, frame int64 (1 + nc,) on CPU) for samplers.
 
-        Advances `num_computed` of every scheduled sequence.
+        Advances `num_computed` of every scheduled sequence and adds the step's device time to
+        `busy_seconds` (CUDA events around the step; host wall time on CPU).
         """
+        if self.device.type != "cuda":
+            start = time.perf_counter()
+            results = self._execute(batch)
+            self.busy_seconds += time.perf_counter() - start
+            return results
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        results = self._execute(batch)  # ends with a device-to-host copy: the step is done
+        end.record()
+        end.synchronize()
+        self.busy_seconds += begin.elapsed_time(end) / 1e3
+        return results
+
+    def _execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, Tensor]]:
         if self.static_decode and is_decode_batch(batch):
             return self._execute_decode([seq for seq, _ in batch.items])
         inputs = build_inputs(batch, self.cache.layout.block_size, self.device)

@@ -61,7 +61,21 @@ class Metrics:
             "Sequences preempted for lack of KV blocks.",
             registry=r,
         )
-        self._seen = {"preemptions": 0, "frames": 0}
+        self.gpu_busy = Counter(
+            "fishserve:gpu_busy_seconds_total",
+            "Time the device spent on each component's work: llm (engine steps) and decoder "
+            "(audio decode calls, on their own CUDA stream), measured with CUDA events (host "
+            "wall time on CPU). Both can run at once, so their sum can exceed wall time.",
+            ["component"],
+            registry=r,
+        )
+        self.decoder_frames = Counter(
+            "fishserve:decoder_frames_total", "Code frames decoded to audio.", registry=r
+        )
+        self.decoder_calls = Counter(
+            "fishserve:decoder_calls_total", "Batched decoder calls.", registry=r
+        )
+        self._seen: dict[str, float] = {}
         self.success = Counter(
             "fishserve:request_success_total",
             "Finished requests by finish reason.",
@@ -82,12 +96,20 @@ class Metrics:
         self.waiting.set(stats.waiting)
         used = stats.blocks_total - stats.blocks_free
         self.kv_usage.set(used / stats.blocks_total if stats.blocks_total else 0.0)
-        for name, counter, value in (
-            ("preemptions", self.preemptions, stats.preemptions),
-            ("frames", self.frames, stats.frames_generated),
-        ):
-            counter.inc(max(value - self._seen[name], 0))
-            self._seen[name] = value
+        self._advance("preemptions", self.preemptions, stats.preemptions)
+        self._advance("frames", self.frames, stats.frames_generated)
+        self._advance("llm_busy", self.gpu_busy.labels(component="llm"), stats.busy_seconds)
+
+    def update_decoder(self, busy_seconds: float, calls: int, frames: int) -> None:
+        """Copy the decoder runner's totals into the counters (called before each scrape)."""
+        self._advance("decoder_busy", self.gpu_busy.labels(component="decoder"), busy_seconds)
+        self._advance("decoder_calls", self.decoder_calls, calls)
+        self._advance("decoder_frames", self.decoder_frames, frames)
+
+    def _advance(self, name: str, counter: Counter, total: float) -> None:
+        """Increase `counter` to the running total `total` (totals never go back)."""
+        counter.inc(max(total - self._seen.get(name, 0), 0))
+        self._seen[name] = total
 
     def refused(self, status: int) -> None:
         """Count a request refused with HTTP `status`: 429 busy, 503 overloaded, other 4xx

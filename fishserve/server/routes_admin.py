@@ -158,4 +158,6 @@ async def metrics(request: Request) -> Response:
     state = _state(request)
     if state.runtime is not None:
         state.metrics.update_engine(state.runtime.engine.stats())
+        runner = state.runtime.decode_worker.runner
+        state.metrics.update_decoder(runner.busy_seconds, runner.calls, runner.frames_decoded)
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")

@@ -198,6 +198,20 @@ def test_health_and_metrics(server):
         "fishserve:request_success_total",
     ):
         assert name in text
+    assert tts(server, {"text": "Count me.", **FIXED}).status_code == 200
+    values = metric_values(httpx.get(server.url + "/metrics").text)
+    assert values['fishserve:gpu_busy_seconds_total{component="llm"}'] > 0
+    assert values['fishserve:gpu_busy_seconds_total{component="decoder"}'] > 0
+    assert values["fishserve:decoder_calls_total"] >= 1
+    # every emitted frame is decoded once (the engine also counts frames it does not emit)
+    decoded = values["fishserve:decoder_frames_total"]
+    assert 0 < decoded <= values["fishserve:generation_frames_total"]
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """Prometheus text -> {name{labels}: value} (comments skipped)."""
+    pairs = (line.rsplit(" ", 1) for line in text.splitlines() if line and line[0] != "#")
+    return {name: float(value) for name, value in pairs}
 
 
 def test_sse_deltas_always_carry_audio(server):
