@@ -34,11 +34,15 @@ class LevelPlan:
         level: concurrency (closed loop) or arrival rate in requests/s (Poisson).
         num_requests: requests to start at most.
         duration_s: no request starts after this many seconds from the level's start.
+        ramp_s: closed loop: worker i sends its first request ``i * ramp_s / level`` seconds
+            after the level starts, so arrivals spread out instead of one burst (steady state
+            for capacity measurements); 0 starts every worker at once.
     """
 
     level: float
     num_requests: int
     duration_s: float
+    ramp_s: float = 0.0
 
 
 async def run_closed_loop(plan: LevelPlan, send: SendFn, on_done: DoneFn) -> list[RequestRecord]:
@@ -47,15 +51,16 @@ async def run_closed_loop(plan: LevelPlan, send: SendFn, on_done: DoneFn) -> lis
     next_index = 0
     records: list[RequestRecord] = []
 
-    async def worker() -> None:
+    async def worker(position: int) -> None:
         nonlocal next_index
+        await asyncio.sleep(position * plan.ramp_s / plan.level)
         while next_index < plan.num_requests and time.perf_counter() < deadline:
             index, next_index = next_index, next_index + 1
             record = await send(index, None)
             records.append(record)
             on_done(record)
 
-    await asyncio.gather(*(worker() for _ in range(int(plan.level))))
+    await asyncio.gather(*(worker(i) for i in range(int(plan.level))))
     return sorted(records, key=lambda r: r.index)
 
 

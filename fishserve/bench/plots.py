@@ -3,6 +3,8 @@
 - `latency.png`: latency and TTFA percentiles vs level.
 - `throughput.png`: requests/minute and audio seconds per second vs level.
 - `memory.png`: GPU memory (and queue sizes, when the server reports them) over time.
+- `capacity.png`: TTFA p99 and worst RTF vs level against the capacity criteria, and the GPU
+  busy fractions of the LLM and the decoder (fishserve's /metrics).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from fishserve.bench.memory import MemorySample
-from fishserve.bench.stats import LevelSummary
+from fishserve.bench.stats import FAST_RTF, TTFA_P99_LIMIT_S, LevelSummary
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -78,6 +80,37 @@ def plot_throughput(levels: list[LevelSummary], name: str, path: Path) -> None:
     plt.close(fig)
 
 
+def _nan(values: list[float | None]) -> list[float]:
+    return [float("nan") if v is None else v for v in values]
+
+
+def plot_capacity(levels: list[LevelSummary], name: str, path: Path) -> None:
+    """TTFA p99 vs its limit, worst/median RTF vs 1 and 0.5, GPU busy split, per level."""
+    plt = pyplot()
+    fig, (ttfa, rtf, busy) = plt.subplots(1, 3, figsize=(15, 4))
+    xs = [s.level for s in levels]
+    ttfa.plot(xs, _nan([s.ttfa_s["p99"] for s in levels]), "o-", label="TTFA p99")
+    ttfa.axhline(TTFA_P99_LIMIT_S, color="tab:red", linestyle=":", label="limit")
+    ttfa.set_ylabel("seconds")
+    ttfa.set_title("time to first audio")
+    rtf.plot(xs, _nan([s.rtf_max for s in levels]), "o-", label="worst stream")
+    rtf.plot(xs, _nan([s.rtf["p50"] for s in levels]), "s--", label="median")
+    rtf.axhline(1.0, color="tab:red", linestyle=":", label="real time")
+    rtf.axhline(FAST_RTF, color="tab:orange", linestyle=":", label=f"RTF {FAST_RTF}")
+    rtf.set_ylabel("RTF (wall / audio seconds)")
+    rtf.set_title("real-time factor")
+    busy.plot(xs, _nan([s.llm_busy for s in levels]), "o-", label="LLM")
+    busy.plot(xs, _nan([s.decoder_busy for s in levels]), "s-", label="decoder")
+    busy.set_ylabel("fraction of wall time")
+    busy.set_title("GPU busy (server /metrics)")
+    for ax in (ttfa, rtf, busy):
+        _level_axis(ax, xs, name)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _shade_levels(ax: Axes, samples: list[MemorySample]) -> None:
     """Shade the time span of each level and label it."""
     spans: dict[float, list[float]] = {}
@@ -136,9 +169,11 @@ def plot_memory(samples: list[MemorySample], path: Path) -> None:
 def write_plots(
     levels: list[LevelSummary], samples: list[MemorySample], name: str, output_dir: Path
 ) -> list[Path]:
-    """Write the three PNGs into `output_dir`; return their paths."""
-    paths = [output_dir / n for n in ("latency.png", "throughput.png", "memory.png")]
+    """Write the four PNGs into `output_dir`; return their paths."""
+    names = ("latency.png", "throughput.png", "memory.png", "capacity.png")
+    paths = [output_dir / n for n in names]
     plot_latency(levels, name, paths[0])
     plot_throughput(levels, name, paths[1])
     plot_memory(samples, paths[2])
+    plot_capacity(levels, name, paths[3])
     return paths

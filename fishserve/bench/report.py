@@ -9,7 +9,7 @@ from typing import Any
 
 from fishserve.bench.client import RequestRecord
 from fishserve.bench.memory import MemorySample
-from fishserve.bench.stats import LevelSummary
+from fishserve.bench.stats import FAST_RTF, TTFA_P99_LIMIT_S, LevelSummary, capacity
 
 GiB = 2**30
 DEFINITIONS = (
@@ -18,7 +18,9 @@ DEFINITIONS = (
     "real time). Real-time: every successful stream had RTF <= 1. Stalled: streams that fell "
     "behind a player started at their first byte. Throughput counts successful requests over "
     "the level's wall time; frames/s = audio s/s x frames per audio second. Peak GPU: "
-    "whole-device used memory polled during the level."
+    "whole-device used memory polled during the level. Decoder frames/s and GPU busy "
+    "(LLM / decoder: fraction of wall time each kept the GPU busy, CUDA events; they overlap on "
+    "separate streams) come from the server's /metrics (fishserve only)."
 )
 
 
@@ -88,6 +90,8 @@ def level_row(summary: LevelSummary) -> str:
         _realtime(summary),
         str(summary.stalled_streams),
         _num(peak),
+        _num(summary.decoder_frames_per_s, 0),
+        f"{_num(summary.llm_busy)} / {_num(summary.decoder_busy)}",
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -97,9 +101,9 @@ def markdown_table(levels: list[LevelSummary], level_name: str) -> str:
     header = (
         f"| {level_name} | requests | ok | errors | latency s p50/p90/p99 | "
         "TTFA s p50/p90/p99 | req/min | audio s/s | frames/s | RTF p90 | real-time | stalled | "
-        "peak GPU GiB |"
+        "peak GPU GiB | decoder frames/s | GPU busy LLM / decoder |"
     )
-    rule = "|" + "---|" * 13
+    rule = "|" + "---|" * 15
     return "\n".join([header, rule, *(level_row(s) for s in levels)])
 
 
@@ -116,10 +120,32 @@ def markdown_report(report: BenchReport) -> str:
         "",
         markdown_table(report.levels, meta["level_name"]),
         "",
+        *capacity_lines(report),
+        "",
         DEFINITIONS,
         "",
     ]
     return "\n".join(lines)
+
+
+def capacity_lines(report: BenchReport) -> list[str]:
+    """The capacity verdict: largest level that stays real time (closed-loop runs only)."""
+    if report.meta.get("mode") != "concurrency":
+        return []
+    cap = capacity(report.levels)
+
+    def name(level: float | None) -> str:
+        return "none of the levels" if level is None else f"{level:g} concurrent streams"
+
+    rule = (
+        f"all requests ok, every stream RTF <= 1 and never stalled, "
+        f"TTFA p99 <= {TTFA_P99_LIMIT_S * 1e3:.0f} ms"
+    )
+    return [
+        f"- **capacity (real time)**: {name(cap['realtime'])} ({rule})",
+        f"- **capacity (RTF <= {FAST_RTF})**: {name(cap['rtf_0.5'])} (the same, and every "
+        f"stream at RTF <= {FAST_RTF})",
+    ]
 
 
 def write_report(report: BenchReport, output_dir: Path) -> list[Path]:

@@ -31,7 +31,8 @@ from fishserve.bench.client import RequestRecord, Target, send_request
 from fishserve.bench.load import LevelPlan, run_closed_loop, run_poisson
 from fishserve.bench.memory import MemoryMonitor, MemorySource, read_health
 from fishserve.bench.plots import write_plots
-from fishserve.bench.report import BenchReport, markdown_table, write_report
+from fishserve.bench.report import BenchReport, capacity_lines, markdown_table, write_report
+from fishserve.bench.server_counters import rates, read_counters
 from fishserve.bench.stats import LevelSummary, summarize
 from fishserve.bench.workload import RequestShape, WorkItem, request_body
 
@@ -51,6 +52,7 @@ class BenchOptions:
         duration_s: per level, no request starts after this many seconds.
         frame_rate: audio frames per audio second (for frames/s).
         gpu_index: GPU polled through NVML/nvidia-smi when health has no memory data.
+        ramp_s: closed loop: spread the workers' first requests over this many seconds.
     """
 
     url: str
@@ -60,6 +62,7 @@ class BenchOptions:
     levels: list[float] = field(default_factory=lambda: [1, 4, 16, 64, 256])
     num_requests: int | None = None
     duration_s: float = 180.0
+    ramp_s: float = 0.0
     warmup: int = 2
     timeout_s: float = 600.0
     sample_rate: int = 44100
@@ -122,7 +125,7 @@ class BenchRun:
     async def run_level(self, level: float) -> tuple[LevelSummary, list[RequestRecord]]:
         """Run one level with its progress bar."""
         opts = self.opts
-        plan = LevelPlan(level, opts.requests_for(level), opts.duration_s)
+        plan = LevelPlan(level, opts.requests_for(level), opts.duration_s, opts.ramp_s)
         task = self.progress.add_task(
             f"{opts.level_name} {level:g}", total=plan.num_requests, errors=0
         )
@@ -134,6 +137,7 @@ class BenchRun:
             self.progress.update(task, advance=1, errors=errors)
 
         self.monitor.level = level
+        counters, started = await read_counters(self.client, opts.url), time.perf_counter()
         send = functools.partial(self.send, level)
         if opts.mode == "concurrency":
             records = await run_closed_loop(plan, send, done)
@@ -144,6 +148,10 @@ class BenchRun:
         self.monitor.level = None
         self.progress.update(task, total=len(records))
         summary = summarize(level, records, opts.frame_rate, self.monitor.peak_bytes(level))
+        elapsed = time.perf_counter() - started
+        server = rates(counters, await read_counters(self.client, opts.url), elapsed)
+        summary.decoder_frames_per_s = server.decoder_frames_per_s
+        summary.llm_busy, summary.decoder_busy = server.llm_busy, server.decoder_busy
         return summary, records
 
 
@@ -244,7 +252,7 @@ def run_bench(opts: BenchOptions, console: Console) -> BenchReport:
     paths = write_report(report, opts.output_dir)
     paths += write_plots(report.levels, report.memory, opts.level_name, opts.output_dir)
     console.print(
-        markdown_table(report.levels, opts.level_name),
+        "\n".join([markdown_table(report.levels, opts.level_name), *capacity_lines(report)]),
         highlight=False,
         markup=False,
         soft_wrap=True,

@@ -43,6 +43,8 @@ class LevelSummary:
         all_realtime: every successful request had RTF <= 1 (None without successes).
         stalled_streams: successful streams that fell behind playback at some point.
         peak_gpu_bytes: largest GPU memory use seen during the level, or None.
+        decoder_frames_per_s, llm_busy, decoder_busy: the server's own counters over the level
+            (`fishserve.bench.server_counters.ServerRates`), None for other servers.
     """
 
     level: float
@@ -61,6 +63,44 @@ class LevelSummary:
     all_realtime: bool | None
     stalled_streams: int
     peak_gpu_bytes: int | None = None
+    decoder_frames_per_s: float | None = None
+    llm_busy: float | None = None
+    decoder_busy: float | None = None
+
+
+# Issue 8's capacity criteria: every stream real time without gaps, TTFA p99 within 300 ms;
+# the stricter one also needs every stream at RTF <= 0.5.
+TTFA_P99_LIMIT_S = 0.3
+FAST_RTF = 0.5
+
+
+def serves_realtime(summary: LevelSummary, ttfa_limit_s: float = TTFA_P99_LIMIT_S) -> bool:
+    """Every request succeeded, none fell behind real time or stalled, TTFA p99 <= limit."""
+    p99 = summary.ttfa_s["p99"]
+    return (
+        summary.requests > 0
+        and summary.ok == summary.requests
+        and bool(summary.all_realtime)
+        and summary.stalled_streams == 0
+        and p99 is not None
+        and p99 <= ttfa_limit_s
+    )
+
+
+def capacity(
+    levels: list[LevelSummary], ttfa_limit_s: float = TTFA_P99_LIMIT_S
+) -> dict[str, float | None]:
+    """The largest levels that meet `serves_realtime`, and that plus worst RTF <= 0.5.
+
+    Returns:
+        ``{"realtime": level or None, "rtf_0.5": level or None}``.
+    """
+    ok = [s for s in levels if serves_realtime(s, ttfa_limit_s)]
+    fast = [s for s in ok if s.rtf_max is not None and s.rtf_max <= FAST_RTF]
+    return {
+        "realtime": max((s.level for s in ok), default=None),
+        "rtf_0.5": max((s.level for s in fast), default=None),
+    }
 
 
 def level_duration(records: list[RequestRecord]) -> float:

@@ -38,6 +38,10 @@ def bench(
     duration: Annotated[
         float, typer.Option(min=0.1, help="Per level: start no request after this (s).")
     ] = 180.0,
+    ramp: Annotated[
+        float,
+        typer.Option(min=0, help="Closed loop: spread the first requests over this many s."),
+    ] = 0.0,
     warmup: Annotated[int, typer.Option(min=0, help="Unmeasured requests first.")] = 2,
     workload: Annotated[
         str, typer.Option(help="builtin, or a .txt (one text a line) / .jsonl file.")
@@ -118,6 +122,7 @@ def bench(
         model=model,
         num_requests=num_requests,
         duration_s=duration,
+        ramp_s=ramp,
         warmup=warmup,
         timeout_s=timeout,
         sample_rate=sample_rate,

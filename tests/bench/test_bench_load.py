@@ -32,6 +32,15 @@ def test_closed_loop_keeps_exactly_c_in_flight_and_stops_at_the_count():
     assert server.most_open == 3 and len(done) == 10
 
 
+def test_closed_loop_ramp_spreads_the_first_requests():
+    server = FakeServer(0.5)
+    plan = LevelPlan(4, 4, 60.0, ramp_s=0.4)  # workers start 0, 0.1, 0.2, 0.3 s in
+    asyncio.run(run_closed_loop(plan, server.send, lambda r: None))
+    offsets = [t - server.started[0] for t in server.started]
+    assert offsets == sorted(offsets)
+    assert [round(x, 1) for x in offsets] == [0.0, 0.1, 0.2, 0.3]
+
+
 def test_closed_loop_stops_starting_requests_after_the_duration():
     server = FakeServer(0.05)
     records = asyncio.run(run_closed_loop(LevelPlan(1, 1000, 0.12), server.send, lambda r: None))

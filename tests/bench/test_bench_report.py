@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fishserve.bench.client import RequestRecord
 from fishserve.bench.report import markdown_table
-from fishserve.bench.stats import summarize
+from fishserve.bench.stats import capacity, serves_realtime, summarize
 
 
 def test_table_shows_errors_real_time_and_peak_memory():
@@ -15,6 +15,33 @@ def test_table_shows_errors_real_time_and_peak_memory():
     ]
     table = markdown_table([summarize(8, records, 21.5, peak_gpu_bytes=3 * 2**30)], "concurrency")
     header, rule, row = table.splitlines()
-    assert header.count("|") == rule.count("|") == row.count("|") == 14
+    assert header.count("|") == rule.count("|") == row.count("|") == 16
     assert "| 8 | 3 | 1 | 429: 2 |" in row
-    assert "no (max 1.50)" in row and row.endswith("| 3.00 |")
+    # no server counters (a peer server): decoder and GPU busy columns are empty
+    assert "no (max 1.50)" in row and row.endswith("| 3.00 | - | - / - |")
+
+
+def level(n: int, ttfa_p99: float, rtf_max: float, stalled: int = 0, errors: int = 0):
+    """A summary of n streams with the given worst TTFA and RTF."""
+    records = [
+        RequestRecord(i, n, "x", 0.0, "200", ttfa_s=ttfa_p99, latency_s=rtf_max * 10, audio_s=10)
+        for i in range(n)
+    ]
+    records += [RequestRecord(n + i, n, "x", 0.0, "503", latency_s=0.1) for i in range(errors)]
+    for r in records[:stalled]:
+        r.stall_s = 0.2
+    return summarize(n, records, 21.5)
+
+
+def test_capacity_is_the_largest_level_meeting_every_criterion():
+    levels = [
+        level(64, 0.1, 0.3),
+        level(128, 0.2, 0.45),
+        level(256, 0.25, 0.8),
+        level(512, 0.29, 0.9, stalled=1),  # a gap: not real time
+        level(768, 0.5, 0.9),  # TTFA p99 too high
+        level(1024, 0.2, 1.2),  # slower than real time
+    ]
+    assert capacity(levels) == {"realtime": 256, "rtf_0.5": 128}
+    assert capacity([level(8, 0.1, 0.3, errors=1)]) == {"realtime": None, "rtf_0.5": None}
+    assert serves_realtime(level(8, 0.1, 0.3)) and not serves_realtime(level(8, 0.31, 0.3))

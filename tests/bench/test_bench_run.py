@@ -20,7 +20,7 @@ from fishserve.cli import app
 FRAMES = 6  # per request, with ignore_eos: 5 audio frames (the first is not audio)
 SAMPLES_PER_FRAME = 256  # tiny decoder
 EXPECTED_AUDIO_S = (FRAMES - 1) * SAMPLES_PER_FRAME / 44100
-PLOTS = ("latency.png", "throughput.png", "memory.png")
+PLOTS = ("latency.png", "throughput.png", "memory.png", "capacity.png")
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +76,12 @@ def test_concurrency_sweep_writes_a_clean_report(url, tmp_path):
     assert data["meta"]["server_summary"].startswith("device=cpu")
     assert data["memory"] and {m["level"] for m in data["memory"]} >= {1, 3}
     assert all(r["status"] == "200" and r["rtf"] > 0 for r in data["requests"])
+    # the server's own counters: decoder frames and GPU (here: CPU) busy time per component
+    for summary in report.levels:
+        assert summary.decoder_frames_per_s is not None and summary.decoder_frames_per_s > 0
+        assert summary.llm_busy is not None and 0 < summary.llm_busy
+        assert summary.decoder_busy is not None and 0 < summary.decoder_busy
+    assert "**capacity (real time)**" in (tmp_path / "bench.md").read_text()
 
 
 def test_poisson_mode_and_openai_api(url, tmp_path):

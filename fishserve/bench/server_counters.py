@@ -1,0 +1,68 @@
+"""What the server itself did during a level, from its Prometheus counters (`GET /metrics`).
+
+fishserve exports `fishserve:decoder_frames_total` and `fishserve:gpu_busy_seconds_total`
+(component llm / decoder: device time measured with CUDA events). Reading them before and after
+a level gives the decoder's frames per second and the fraction of the level's wall time each
+component kept the GPU busy. A server without these counters (a peer server) gives None.
+Parsing uses `prometheus_client`'s text parser.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+COUNTERS = {
+    "decoder_frames": ("fishserve:decoder_frames_total", {}),
+    "llm_busy_s": ("fishserve:gpu_busy_seconds_total", {"component": "llm"}),
+    "decoder_busy_s": ("fishserve:gpu_busy_seconds_total", {"component": "decoder"}),
+}
+
+
+@dataclass(frozen=True)
+class ServerRates:
+    """Server-side rates over one level (None where the server has no such counter).
+
+    Attributes:
+        decoder_frames_per_s: code frames decoded to audio per wall second.
+        llm_busy, decoder_busy: fraction of wall time the engine steps / decoder calls kept the
+            GPU busy (they overlap on separate CUDA streams, so the sum can exceed 1).
+    """
+
+    decoder_frames_per_s: float | None = None
+    llm_busy: float | None = None
+    decoder_busy: float | None = None
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """The `COUNTERS` found in a Prometheus text exposition, by short name."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            for short, (name, labels) in COUNTERS.items():
+                if sample.name == name and sample.labels == labels:
+                    found[short] = float(sample.value)
+    return found
+
+
+async def read_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+    """The server's counters now (empty when /metrics is missing or unreadable)."""
+    try:
+        response = await client.get(url.rstrip("/") + "/metrics", timeout=10.0)
+        response.raise_for_status()
+        return parse_counters(response.text)
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+def rates(before: dict[str, float], after: dict[str, float], seconds: float) -> ServerRates:
+    """Per-second rates of the counters between two reads `seconds` apart."""
+
+    def rate(name: str) -> float | None:
+        if seconds <= 0 or name not in before or name not in after:
+            return None
+        return (after[name] - before[name]) / seconds
+
+    return ServerRates(rate("decoder_frames"), rate("llm_busy_s"), rate("decoder_busy_s"))
