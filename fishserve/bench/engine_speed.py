@@ -100,6 +100,7 @@ def bench_config(
     batches: list[int],
     context: int,
     frames: int,
+    top_k_prefilter: int = 1024,
 ) -> list[EngineBenchResult]:
     """All batch sizes for one KV dtype and mode."""
     block = 16
@@ -112,6 +113,7 @@ def bench_config(
         num_kv_blocks=per_seq * max(batches),
         enforce_eager=mode == "eager",
         decoder_workspace_bytes=0,
+        top_k_prefilter=top_k_prefilter,
     )
     engine = LLMEngine(model, tokenizer, config)
     text = prompt_text(tokenizer, context)
@@ -204,14 +206,21 @@ def run_engine_bench(
     frames: int,
     output: Path | None,
     console: Console,
+    top_k_prefilter: int = 1024,
 ) -> list[EngineBenchResult]:
-    """The whole sweep; writes JSON and markdown next to `output` if given."""
+    """The whole sweep; writes JSON and markdown next to `output` if given.
+
+    `top_k_prefilter` is the engine's (random weights give flat logits: every row falls back to
+    the full sort, the slowest case; `fishserve bench-sampler` times both cases).
+    """
     results: list[EngineBenchResult] = []
     with Progress(console=console) as progress:
         task = progress.add_task("engine bench", total=len(kv_dtypes) * len(modes))
         for kv in kv_dtypes:
             for mode in modes:
-                results += bench_config(model, tokenizer, kv, mode, batches, context, frames)
+                results += bench_config(
+                    model, tokenizer, kv, mode, batches, context, frames, top_k_prefilter
+                )
                 progress.advance(task)
     ttff = time_to_first_frame(model, tokenizer, context)
     markdown = render_table(results, console)

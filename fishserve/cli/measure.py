@@ -216,6 +216,9 @@ def bench_engine(
     batch_sizes: Annotated[str, typer.Option(help="Comma list of batch sizes.")] = "1,8,32",
     context: Annotated[int, typer.Option(help="Prompt positions per sequence.")] = 1000,
     frames: Annotated[int, typer.Option(help="Timed decode steps per point.")] = 64,
+    top_k_prefilter: Annotated[
+        int, typer.Option(help="Top-p candidates checked before a full sort (0: always sort).")
+    ] = 1024,
     output: Annotated[Path | None, typer.Option(help="JSON results (+ .md table).")] = None,
 ) -> None:
     """Engine decode speed: ms per step and frames/s per batch size, KV dtype and mode."""
@@ -239,7 +242,26 @@ def bench_engine(
         frames,
         output,
         err_console,
+        top_k_prefilter,
     )
+
+
+@app.command(name="bench-sampler")
+@user_errors
+def bench_sampler(
+    device: DeviceOpt = "auto",
+    batch_sizes: Annotated[str, typer.Option(help="Comma list of rows.")] = "1,64,256,512",
+    top_k_prefilter: Annotated[int, typer.Option(min=1, help="Prefilter candidates.")] = 1024,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed calls per point.")] = 20,
+    output: Annotated[Path | None, typer.Option(help="JSON results (+ .md table).")] = None,
+) -> None:
+    """Slow-token sampler: full-sort top-p vs top-k prefilter, on peaked and flat logits."""
+    from fishserve.bench.sampler_speed import run_sampler_bench
+    from fishserve.models.loading import resolve_device
+
+    batches = [int(b) for b in batch_sizes.split(",")]
+    dev = resolve_device(device)
+    run_sampler_bench(batches, top_k_prefilter, dev, repeats, output, err_console)
 
 
 @app.command(name="bench-decoder")

@@ -175,9 +175,14 @@ def decode_step_token(
     return TokenStep(hidden, token, exact)
 
 
-def resample_inexact_(model: DualARTransformer, step: TokenStep, inputs: DecodeInputs) -> int:
-    """Resample the rows the prefilter could not decide (host sync); returns how many."""
-    rows = inexact_rows(step.exact)
+def resample_inexact_(
+    model: DualARTransformer, step: TokenStep, inputs: DecodeInputs, live: int | None = None
+) -> int:
+    """Resample the rows the prefilter could not decide (host sync); returns how many.
+
+    Only the first `live` rows are looked at (default all): the rest pad a captured batch.
+    """
+    rows = inexact_rows(None if step.exact is None else step.exact[:live])
     if rows is None:
         return 0
     logits = model.slow_logits(step.hidden[rows])
@@ -300,6 +305,7 @@ class CudaGraphDecoder:
         captured.inputs.copy_rows_(host)
         captured.token_graph.replay()
         with torch.inference_mode():
-            self.resampled_rows += resample_inexact_(self.model, captured.step, captured.inputs)
+            step, inputs = captured.step, captured.inputs
+            self.resampled_rows += resample_inexact_(self.model, step, inputs, live=b)
         captured.codes_graph.replay()
         return captured.frames[:b]

@@ -1,0 +1,52 @@
+"""The speed commands run end to end on CPU with the tiny fixtures and report what they measure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from fishserve.cli import app
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def run(args: list[str]) -> None:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+
+
+def test_bench_sampler_reports_when_the_prefilter_decides(tmp_path: Path) -> None:
+    out = tmp_path / "sampler.json"
+    run(["bench-sampler", "--device", "cpu", "--batch-sizes", "1,4", "--repeats", "1"])
+    run(["bench-sampler", "--device", "cpu", "--batch-sizes", "4", "--repeats", "1",
+         "--top-k-prefilter", "64", "--output", str(out)])  # fmt: skip
+    rows = {r["logits"]: r for r in json.loads(out.read_text())}
+    assert rows["peaked"]["exact_rows"] == 1.0  # nucleus inside 64 candidates
+    assert rows["flat"]["exact_rows"] == 0.0  # near-uniform: every row falls back
+    assert all(r["full_ms"] > 0 and r["prefilter_ms"] > 0 for r in rows.values())
+
+
+def test_bench_decoder_compares_eager_and_runner(tmp_path: Path) -> None:
+    out = tmp_path / "decoder.json"
+    decoder = FIXTURES / "tiny_decoder"
+    run(["bench-decoder", "--device", "cpu", "--dtypes", "fp32", "--batch-sizes", "1,2",
+         "--chunk", "8", "--repeats", "1", "--decoder-checkpoint", str(decoder / "generator.pth"),
+         "--decoder-config", str(decoder / "config.json"), "--output", str(out)])  # fmt: skip
+    results = json.loads(out.read_text())
+    assert [(r["mode"], r["batch"]) for r in results] == [
+        ("eager", 1), ("eager", 2), ("graphs", 1), ("graphs", 2)
+    ]  # fmt: skip
+    assert all(r["frames_per_s"] > 0 and r["context"] == 25 for r in results)
+    assert out.with_suffix(".md").read_text().count("\n| ") == 4  # one row per point
+
+
+def test_bench_engine_runs_on_the_tiny_model(tmp_path: Path) -> None:
+    out = tmp_path / "engine.json"
+    run(["bench-engine", "--checkpoint", str(FIXTURES / "tiny_t2s"), "--device", "cpu",
+         "--modes", "eager", "--batch-sizes", "1,2", "--context", "20", "--frames", "3",
+         "--kv-cache-dtypes", "fp32", "--output", str(out)])  # fmt: skip
+    data = json.loads(out.read_text())
+    assert [r["batch"] for r in data["results"]] == [1, 2]
+    assert all(r["ms_per_step"] > 0 for r in data["results"]) and data["ttff_ms"] > 0
