@@ -106,17 +106,29 @@ def batch_sampling(seqs: list[Sequence], device: torch.device) -> tuple[BatchSam
     return sampling, windows
 
 
-def is_decode_batch(batch: ScheduledBatch) -> bool:
-    """Whether every scheduled sequence computes exactly its last generated frame."""
-    return all(n == 1 and seq.frames and seq.num_pending == 1 for seq, n in batch.items)
+def is_decode_item(seq: Sequence, n: int) -> bool:
+    """Whether the sequence computes exactly its last generated frame this step."""
+    return n == 1 and bool(seq.frames) and seq.num_pending == 1
+
+
+def split_decode(batch: ScheduledBatch) -> tuple[list[Sequence], ScheduledBatch]:
+    """The batch's decode sequences, and a batch of the rest (prefill chunks, recomputes).
+
+    Mixed steps run the decode rows on the static (CUDA-graph) path and only the prefill rows
+    on the general path, so a prompt arriving does not send a thousand decoding sequences
+    through eager kernels.
+    """
+    decode = [seq for seq, n in batch.items if is_decode_item(seq, n)]
+    rest = [(seq, n) for seq, n in batch.items if not is_decode_item(seq, n)]
+    return decode, ScheduledBatch(rest)
 
 
 class ModelRunner:
     """Runs scheduled batches on the DualAR model with a paged KV cache.
 
-    Decode-only batches take the static-shape path (`decode_step`): on CUDA through the fused
-    Triton attention, replayed from CUDA graphs unless `enforce_eager`. Batches with prefill
-    positions take the general path (`TorchPagedAttention`).
+    Decoding sequences take the static-shape path (`decode_step`): on CUDA through the fused
+    Triton attention, replayed from CUDA graphs unless `enforce_eager`. Sequences with prefill
+    positions in the same step take the general path (`TorchPagedAttention`) in a second pass.
 
     Attributes:
         busy_seconds: time the device spent on this runner's steps (see `execute`).
@@ -178,8 +190,15 @@ class ModelRunner:
         return results
 
     def _execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, Tensor]]:
-        if self.static_decode and is_decode_batch(batch):
-            return self._execute_decode([seq for seq, _ in batch.items])
+        if not self.static_decode:
+            return self._execute_general(batch)
+        decode, other = split_decode(batch)
+        results = self._execute_decode(decode) if decode else []
+        if other.items:  # prefill chunks: the general path, for those sequences only
+            results += self._execute_general(other)
+        return results
+
+    def _execute_general(self, batch: ScheduledBatch) -> list[tuple[Sequence, Tensor]]:
         inputs = build_inputs(batch, self.cache.layout.block_size, self.device)
         attn = TorchPagedAttention(self.cache, inputs.meta)
         model = self.model

@@ -27,6 +27,31 @@ def test_static_decode_path_equals_the_general_path(tiny_model, tiny_tokenizer):
         assert torch.equal(static[rid][0], codes), rid
 
 
+def test_mixed_steps_run_decode_rows_on_the_static_path(tiny_model, tiny_tokenizer):
+    """Requests arriving while others decode: the decoding rows still take the static path,
+    only the prefill chunks the general one; codes equal an all-at-once general run."""
+    requests = sampled_requests(4)
+    general = run_engine(make_engine(tiny_model, tiny_tokenizer), requests)
+    engine = make_engine(tiny_model, tiny_tokenizer, static_decode=True)
+    runner, paths = engine.runner, []  # per call: ("static" | "general", rows)
+    static, general_path = runner._execute_decode, runner._execute_general
+    runner._execute_decode = lambda seqs: paths.append(("static", len(seqs))) or static(seqs)
+    runner._execute_general = lambda b: paths.append(("general", len(b.items))) or general_path(b)
+    frames: dict[str, list[torch.Tensor]] = {r.request_id: [] for r in requests}
+    pending, mixed_steps = list(requests), 0
+    while pending or engine.has_work():
+        if pending:  # one new request per step: its prefill joins a decoding batch
+            engine.add_request(pending.pop(0))
+        paths.clear()
+        for event in engine.step():
+            if event.codes is not None:
+                frames[event.request_id].append(event.codes)
+        mixed_steps += {name for name, _ in paths} == {"static", "general"}
+    assert mixed_steps >= 2
+    for rid, (codes, _) in general.items():
+        assert torch.equal(torch.stack(frames[rid], 1), codes), rid
+
+
 def test_graph_buckets():
     assert graph_buckets(1) == [1]
     assert graph_buckets(64) == [1, 2, 4, 8, 16, 32, 64]
