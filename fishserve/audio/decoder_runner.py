@@ -6,8 +6,9 @@ next of 1, 2, 4, ... ``max_batch`` and the frames to the next of ``frame_buckets
 the job lengths the chunk schedule produces, :func:`frame_buckets_for`), so that on the GPU:
 
 * the head runs in ``channels_last`` layout (no cuDNN NCHW<->NHWC transposes, see
-  :mod:`fishserve.models.firefly.layers`) and is compiled once by inductor (fused SiLU, padding
-  and residual adds), with dynamic shapes so new buckets never recompile;
+  :mod:`fishserve.models.firefly.layers`); with ``compile=True`` inductor also fuses the SiLU,
+  padding and residual adds (dynamic shapes; all compilation happens at start-up, which then
+  takes minutes on an H200, so it is off by default);
 * each bucket is captured in a CUDA graph at start-up (``num_captures``), so a call costs one
   graph launch instead of ~700 kernel launches (and the GIL is free for the engine thread);
 * everything runs on a dedicated CUDA stream, so decoder calls overlap the language model's
@@ -62,10 +63,12 @@ def frame_buckets_for(policy: ChunkPolicy, config: FireflyConfig) -> tuple[int, 
     return tuple(sorted({math.ceil(s / FRAME_ALIGN) * FRAME_ALIGN for s in sizes}))
 
 
-@gpu_fused
 def _decode_channels_last(codes: Tensor, lengths: Tensor, decoder: FireflyGenerator) -> Tensor:
-    """`FireflyGenerator.decode_unchecked` in channels_last layout (compiled on CUDA)."""
+    """`FireflyGenerator.decode_unchecked` in channels_last layout."""
     return decoder.decode_unchecked(codes, lengths, channels_last=True)
+
+
+_decode_compiled = gpu_fused(_decode_channels_last)
 
 
 class DecoderRunner:
@@ -78,6 +81,7 @@ class DecoderRunner:
         use_graphs: capture a CUDA graph per (batch, frames) bucket at start-up (CUDA only;
             default: on for CUDA).
         pad: pad to buckets even without graphs (default: only with graphs); tests use it.
+        compile: fuse the decoder's elementwise work with torch.compile (CUDA only).
 
     Attributes:
         num_captures: CUDA graphs captured (0 on CPU or with ``use_graphs=False``).
@@ -92,6 +96,7 @@ class DecoderRunner:
         frame_buckets: Sequence[int],
         use_graphs: bool | None = None,
         pad: bool | None = None,
+        compile: bool = False,
     ) -> None:
         self.decoder = decoder
         self.config = decoder.config
@@ -99,6 +104,7 @@ class DecoderRunner:
         cuda = self.device.type == "cuda"
         self.use_graphs = cuda if use_graphs is None else use_graphs and cuda
         self.pad = self.use_graphs if pad is None else pad
+        self._forward = _decode_compiled if compile else _decode_channels_last
         self.batch_buckets = graph_buckets(max_batch)
         self.frame_buckets = tuple(sorted(frame_buckets))
         self.stream = torch.cuda.Stream(self.device) if cuda else None
@@ -182,7 +188,7 @@ class DecoderRunner:
         lengths_t = torch.from_numpy(lengths).to(self.device)
         with torch.inference_mode():
             if self.device.type == "cuda":
-                return _decode_channels_last(codes_t, lengths_t, self.decoder)
+                return self._forward(codes_t, lengths_t, self.decoder)
             return self.decoder.decode_unchecked(codes_t, lengths_t)
 
     def _capture_all(self) -> None:
@@ -197,11 +203,11 @@ class DecoderRunner:
                 lengths = torch.full((bb,), fb, dtype=torch.int64, device=self.device)
                 with torch.cuda.stream(self.stream), torch.inference_mode():
                     for _ in range(2):  # compile / pick cuDNN algorithms outside the capture
-                        _decode_channels_last(codes, lengths, self.decoder)
+                        self._forward(codes, lengths, self.decoder)
                     self.stream.synchronize()
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool, stream=self.stream):
-                        wave = _decode_channels_last(codes, lengths, self.decoder)
+                        wave = self._forward(codes, lengths, self.decoder)
                 self.graphs[(bb, fb)] = (graph, codes, lengths, wave)
         log.info(
             "captured %d decoder CUDA graphs (batch %s x frames %s) in %.1f s",

@@ -3,7 +3,8 @@
 Each job is one streaming chunk as the server decodes it: `left_context` frames of context
 plus `chunk` new frames (`fishserve.audio.streaming`); B jobs go through one call. Modes:
 ``eager`` is one plain `decode_batch` call (conv1d, no compilation); ``graphs`` is the server's
-`DecoderRunner` (channels_last, compiled, one CUDA graph per shape bucket; on CPU it runs eager).
+`DecoderRunner` (channels_last, one CUDA graph per shape bucket; on CPU it runs eager);
+``compiled`` is the runner with torch.compile fusion (`--decoder-compile`).
 Reported: ms per call, new frames per second, real-time streams the decoder alone could feed
 (frames/s / 21.53), peak GPU memory, and the runner's start-up (compile + capture) time.
 """
@@ -28,7 +29,7 @@ from fishserve.audio.streaming import ChunkPolicy, receptive_field_frames
 from fishserve.models.firefly import FireflyGenerator
 
 FRAMES_PER_SECOND = 44100 / 2048  # spec §0
-MODES = ("eager", "graphs")
+MODES = ("eager", "graphs", "compiled")
 
 
 @dataclass
@@ -71,10 +72,13 @@ def time_calls(call: Callable[[], object], cuda: bool, repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def build_runner(decoder: FireflyGenerator, max_batch: int, chunk: int) -> DecoderRunner:
+def build_runner(
+    decoder: FireflyGenerator, max_batch: int, chunk: int, compile: bool
+) -> DecoderRunner:
     """The server's runner for a `chunk`-frame schedule (buckets up to context + chunk)."""
     policy = ChunkPolicy(first_chunk_frames=chunk, chunk_frames=chunk)
-    return DecoderRunner(decoder, max_batch, frame_buckets_for(policy, decoder.config))
+    buckets = frame_buckets_for(policy, decoder.config)
+    return DecoderRunner(decoder, max_batch, buckets, compile=compile)
 
 
 def bench_mode(
@@ -85,7 +89,9 @@ def bench_mode(
         raise ValueError(f"unknown decoder bench mode {mode!r}; use {', '.join(MODES)}")
     cuda = decoder.device.type == "cuda"
     start = time.perf_counter()
-    runner = build_runner(decoder, max(batches), chunk) if mode == "graphs" else None
+    runner = None
+    if mode != "eager":
+        runner = build_runner(decoder, max(batches), chunk, compile=mode == "compiled")
     startup = time.perf_counter() - start
     results = []
     for batch in batches:

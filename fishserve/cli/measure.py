@@ -275,7 +275,7 @@ def bench_decoder(
     chunk: Annotated[int, typer.Option(help="New frames per job.")] = 64,
     repeats: Annotated[int, typer.Option(help="Timed calls per point.")] = 10,
     modes: Annotated[
-        str, typer.Option(help="Comma list: eager (one plain call), graphs (the server's runner).")
+        str, typer.Option(help="Comma list: eager (plain call), graphs (server runner), compiled.")
     ] = "eager,graphs",
     output: Annotated[Path | None, typer.Option(help="JSON results (+ .md table).")] = None,
 ) -> None:

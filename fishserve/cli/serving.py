@@ -108,6 +108,10 @@ def serve(
     max_decode_batch: Annotated[
         int | None, _setting("max_decode_batch", "Audio chunks decoded together at most.")
     ] = None,
+    decoder_compile: Annotated[
+        bool | None,
+        _setting("decoder_compile", "Fuse the GPU decoder with torch.compile (slow start-up)."),
+    ] = None,
     max_reference_seconds: Annotated[
         float | None, _setting("max_reference_seconds", "Longest reference audio (s).")
     ] = None,

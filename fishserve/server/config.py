@@ -60,6 +60,7 @@ class ServerConfig(BaseModel):
     first_chunk_frames: int = Field(10, ge=1)
     chunk_frames: int = Field(64, ge=1)
     max_decode_batch: int = Field(16, ge=1)
+    decoder_compile: bool = False
     max_reference_seconds: float = Field(30.0, gt=0)
     # HTTP
     host: str = "127.0.0.1"

@@ -172,6 +172,7 @@ def build_runtime(config: ServerConfig) -> Runtime:
                 config.max_decode_batch,
                 frame_buckets_for(policy, decoder.config),
                 use_graphs=not config.enforce_eager,
+                compile=config.decoder_compile,
             )
         ),
         references=ReferenceEncoder(decoder, max_seconds=config.max_reference_seconds),
