@@ -7,6 +7,7 @@ depend on the compute precision of the surrounding convolutions.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -29,13 +30,20 @@ FSQ_EPS = 1e-3  # spec §4.4: half_l = (L - 1) * (1 + 1e-3) / 2
 
 
 def _levels_tensor(levels: Sequence[int], device: torch.device) -> Tensor:
-    return torch.tensor(list(levels), dtype=torch.int64, device=device)
+    return _constant(tuple(levels), device)
 
 
 def _basis(levels: Sequence[int], device: torch.device) -> Tensor:
     """Mixed-radix basis ``(1, L0, L0*L1, ...)`` as int64, shape ``(D,)``."""
-    basis = [math.prod(levels[:i]) for i in range(len(levels))]
-    return torch.tensor(basis, dtype=torch.int64, device=device)
+    return _constant(tuple(math.prod(levels[:i]) for i in range(len(levels))), device)
+
+
+@functools.lru_cache(maxsize=64)
+def _constant(values: tuple[int, ...], device: torch.device) -> Tensor:
+    """A read-only int64 tensor of `values` on `device`, made once: no host-to-device copy per
+    call, so the decode path can be captured in a CUDA graph (after one warm-up call)."""
+    with torch.inference_mode(False), torch.no_grad():
+        return torch.tensor(values, dtype=torch.int64, device=device)
 
 
 def fsq_codes_to_values(codes: Tensor, levels: Sequence[int]) -> Tensor:
