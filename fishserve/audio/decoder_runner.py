@@ -5,10 +5,11 @@ any job length. :class:`DecoderRunner` rounds every call up to a fixed bucket, t
 next of 1, 2, 4, ... ``max_batch`` and the frames to the next of ``frame_buckets`` (by default
 the job lengths the chunk schedule produces, :func:`frame_buckets_for`), so that on the GPU:
 
-* the head runs in ``channels_last`` layout (no cuDNN NCHW<->NHWC transposes, see
-  :mod:`fishserve.models.firefly.layers`); with ``compile=True`` inductor also fuses the SiLU,
-  padding and residual adds (dynamic shapes; all compilation happens at start-up, which then
-  takes minutes on an H200, so it is off by default);
+* optionally (``channels_last=True``) the head runs as channels_last conv2d (no cuDNN
+  NCHW<->NHWC transposes, see :mod:`fishserve.models.firefly.layers`), and with
+  ``compile=True`` inductor fuses the SiLU, padding and residual adds (dynamic shapes; all
+  compilation happens at start-up, which then takes minutes on an H200). Both are off by
+  default: measured on the H200, uncompiled channels_last is slower from 8 jobs per call;
 * each bucket is captured in a CUDA graph at start-up (``num_captures``), so a call costs one
   graph launch instead of ~700 kernel launches (and the GIL is free for the engine thread);
 * everything runs on a dedicated CUDA stream, so decoder calls overlap the language model's
@@ -22,6 +23,7 @@ CPU the runner decodes eagerly without padding (unless ``pad=True``), exactly as
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -63,12 +65,14 @@ def frame_buckets_for(policy: ChunkPolicy, config: FireflyConfig) -> tuple[int, 
     return tuple(sorted({math.ceil(s / FRAME_ALIGN) * FRAME_ALIGN for s in sizes}))
 
 
-def _decode_channels_last(codes: Tensor, lengths: Tensor, decoder: FireflyGenerator) -> Tensor:
-    """`FireflyGenerator.decode_unchecked` in channels_last layout."""
-    return decoder.decode_unchecked(codes, lengths, channels_last=True)
+def _decode(
+    codes: Tensor, lengths: Tensor, decoder: FireflyGenerator, channels_last: bool
+) -> Tensor:
+    """`FireflyGenerator.decode_unchecked` in the chosen layout."""
+    return decoder.decode_unchecked(codes, lengths, channels_last=channels_last)
 
 
-_decode_compiled = gpu_fused(_decode_channels_last)
+_decode_compiled = gpu_fused(_decode)
 
 
 class DecoderRunner:
@@ -82,6 +86,9 @@ class DecoderRunner:
             default: on for CUDA).
         pad: pad to buckets even without graphs (default: only with graphs); tests use it.
         compile: fuse the decoder's elementwise work with torch.compile (CUDA only).
+        channels_last: run the head as channels_last conv2d (see the module docstring). Off by
+            default: uncompiled, cuDNN picks much slower kernels for it from 8 jobs per call on
+            an H200 (docs/benchmarks.md §2).
 
     Attributes:
         num_captures: CUDA graphs captured (0 on CPU or with ``use_graphs=False``).
@@ -97,6 +104,7 @@ class DecoderRunner:
         use_graphs: bool | None = None,
         pad: bool | None = None,
         compile: bool = False,
+        channels_last: bool = False,
     ) -> None:
         self.decoder = decoder
         self.config = decoder.config
@@ -104,7 +112,9 @@ class DecoderRunner:
         cuda = self.device.type == "cuda"
         self.use_graphs = cuda if use_graphs is None else use_graphs and cuda
         self.pad = self.use_graphs if pad is None else pad
-        self._forward = _decode_compiled if compile else _decode_channels_last
+        self._forward = functools.partial(
+            _decode_compiled if compile else _decode, channels_last=channels_last
+        )
         self.batch_buckets = graph_buckets(max_batch)
         self.frame_buckets = tuple(sorted(frame_buckets))
         self.stream = torch.cuda.Stream(self.device) if cuda else None
