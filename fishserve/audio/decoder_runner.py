@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fishserve.engine.busy_timer import BusyTimer
 from fishserve.engine.decode_step import graph_buckets
 from fishserve.models.firefly import FireflyConfig, FireflyGenerator
 from fishserve.models.fusion import gpu_fused
@@ -120,7 +121,7 @@ class DecoderRunner:
         self.stream = torch.cuda.Stream(self.device) if cuda else None
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor, Tensor, Tensor]]
         self.graphs = {}
-        self.busy_seconds = 0.0
+        self.busy = BusyTimer(self.device)
         self.calls = 0
         self.frames_decoded = 0
         if self.use_graphs:
@@ -170,14 +171,11 @@ class DecoderRunner:
             padded[:b, :, :frames] = codes
             lengths = np.concatenate([lengths, np.zeros(bb - b, dtype=lengths.dtype)])
             codes = padded
-        start = time.perf_counter()
         if self.stream is None:
-            wave = self._eager(codes, lengths)
-            self.busy_seconds += time.perf_counter() - start
+            with self.busy.measure():
+                wave = self._eager(codes, lengths)
             return wave[:b, 0, : frames * self.config.frame_samples].numpy()
-        with torch.cuda.stream(self.stream), torch.inference_mode():
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
+        with torch.cuda.stream(self.stream), torch.inference_mode(), self.busy.measure():
             graph = self.graphs.get((bb, fb)) if self.use_graphs else None
             if graph is not None:
                 _, codes_in, lengths_in, wave = graph
@@ -187,10 +185,12 @@ class DecoderRunner:
             else:
                 wave = self._eager(codes, lengths)
             host = wave[:b, 0, : frames * self.config.frame_samples].cpu()  # syncs this stream
-            end.record()
-            end.synchronize()
-            self.busy_seconds += begin.elapsed_time(end) / 1e3
         return host.numpy()
+
+    @property
+    def busy_seconds(self) -> float:
+        """Decoder time on its stream (CUDA events, see `BusyTimer`; wall time on CPU)."""
+        return self.busy.seconds
 
     # ------------------------------------------------------------------ internals
     def _eager(self, codes: np.ndarray, lengths: np.ndarray) -> Tensor:

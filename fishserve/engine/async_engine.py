@@ -38,12 +38,26 @@ class RequestStream:
         self._sync: queue.SimpleQueue[EngineEvent] = queue.SimpleQueue()
         self._async: asyncio.Queue[EngineEvent] | None = asyncio.Queue() if loop else None
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the stream delivers to (None: a blocking stream)."""
+        return self._loop
+
     def put(self, event: EngineEvent) -> None:
         """Deliver an event (called from the engine thread)."""
         if self._async is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._async.put_nowait, event)
+            try:
+                self._loop.call_soon_threadsafe(self._async.put_nowait, event)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                log.debug("dropped an event for request %s: event loop closed", self.request_id)
         else:
             self._sync.put(event)
+
+    def put_in_loop(self, event: EngineEvent) -> None:
+        """Deliver an event from inside the stream's own event loop (see `deliver`)."""
+        if self._async is None:
+            raise RuntimeError("this stream was created without an event loop")
+        self._async.put_nowait(event)
 
     def __iter__(self) -> Iterator[EngineEvent]:
         while True:
@@ -60,6 +74,12 @@ class RequestStream:
             yield event
             if event.finished:
                 return
+
+
+def deliver(pairs: list[tuple[RequestStream, EngineEvent]]) -> None:
+    """Deliver many events of streams of one event loop (runs in that loop)."""
+    for stream, event in pairs:
+        stream.put_in_loop(event)
 
 
 class AsyncEngine:
@@ -178,13 +198,26 @@ class AsyncEngine:
                 self._dispatch([event])
 
     def _dispatch(self, events: list[EngineEvent]) -> None:
-        for event in events:
-            with self._lock:
+        """Hand a step's events to their streams: one wake-up per event loop, not per event
+        (a step at batch 1,000 would otherwise schedule 1,000 cross-thread callbacks)."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, EngineEvent]]] = {}
+        with self._lock:
+            for event in events:
                 stream = self._streams.get(event.request_id)
-                if stream is not None and event.finished:
+                if stream is None:
+                    continue
+                if event.finished:
                     del self._streams[event.request_id]
-            if stream is not None:
-                stream.put(event)
+                loop = stream.loop
+                if loop is None:
+                    stream.put(event)
+                else:
+                    batches.setdefault(loop, []).append((stream, event))
+        for loop, pairs in batches.items():
+            try:
+                loop.call_soon_threadsafe(deliver, pairs)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                log.debug("dropped %d events for a closed event loop", len(pairs))
 
     def _cancel_all(self) -> None:
         with self._lock:

@@ -8,12 +8,12 @@ sequence that completes its pending positions gives logits and a hidden state, a
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from fishserve.engine.busy_timer import BusyTimer
 from fishserve.engine.decode_step import CudaGraphDecoder, build_decode_inputs, decode_step
 from fishserve.engine.frame import BatchSampling, sample_frame
 from fishserve.engine.kv_cache import PagedKVCache
@@ -157,7 +157,7 @@ class ModelRunner:
         self.static_decode = static_decode or on_gpu
         self.max_blocks = -(-model.config.max_seq_len // cache.layout.block_size)
         self.top_k_prefilter = top_k_prefilter
-        self.busy_seconds = 0.0
+        self.busy = BusyTimer(self.device)
         self.graphs: CudaGraphDecoder | None = None
         if on_gpu and not enforce_eager:
             self.graphs = CudaGraphDecoder(
@@ -174,20 +174,15 @@ class ModelRunner:
         """Compute the batch; return (sequence, frame int64 (1 + nc,) on CPU) for samplers.
 
         Advances `num_computed` of every scheduled sequence and adds the step's device time to
-        `busy_seconds` (CUDA events around the step; host wall time on CPU).
+        `busy_seconds` (`BusyTimer`: CUDA events, no extra synchronisation).
         """
-        if self.device.type != "cuda":
-            start = time.perf_counter()
-            results = self._execute(batch)
-            self.busy_seconds += time.perf_counter() - start
-            return results
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        results = self._execute(batch)  # ends with a device-to-host copy: the step is done
-        end.record()
-        end.synchronize()
-        self.busy_seconds += begin.elapsed_time(end) / 1e3
-        return results
+        with self.busy.measure():
+            return self._execute(batch)
+
+    @property
+    def busy_seconds(self) -> float:
+        """Device time of the completed steps (CUDA events; wall time on CPU)."""
+        return self.busy.seconds
 
     def _execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, Tensor]]:
         if not self.static_decode:

@@ -101,3 +101,37 @@ def test_full_queue_says_busy(tiny_model, tiny_tokenizer):
 def test_invalid_request_raises_in_the_caller(async_engine):
     with pytest.raises(ValueError, match="empty"):
         async_engine.submit(GenerationRequest("  "))
+
+
+def test_a_step_wakes_each_event_loop_once(async_engine):
+    """Events of many asyncio streams in one step cost one cross-thread callback."""
+    from fishserve.engine.async_engine import RequestStream
+    from fishserve.engine.engine import EngineEvent
+
+    loop = asyncio.new_event_loop()
+    calls = []
+    real = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda *args: calls.append(args) or real(*args)  # type: ignore[method-assign]
+    streams = [RequestStream(f"s{i}", loop) for i in range(5)]
+    with async_engine._lock:
+        async_engine._streams.update({s.request_id: s for s in streams})
+    frame = torch.zeros(9, dtype=torch.long)
+    events = [EngineEvent(s.request_id, codes=frame) for s in streams]
+    async_engine._dispatch([*events, EngineEvent("s0", finished=True, finish_reason="stop")])
+    assert len(calls) == 1
+
+    async def first_two(stream: RequestStream) -> list[EngineEvent]:
+        got = []
+        async for event in stream:
+            got.append(event)
+            if len(got) == 2 or stream.request_id != "s0":
+                return got
+        return got
+
+    async def all_streams() -> list[list[EngineEvent]]:
+        return await asyncio.gather(*(first_two(s) for s in streams))
+
+    got = loop.run_until_complete(all_streams())
+    loop.close()
+    assert [len(g) for g in got] == [2, 1, 1, 1, 1]
+    assert got[0][1].finished and "s0" not in async_engine._streams
