@@ -11,7 +11,6 @@ Reported: ms per call, new frames per second, real-time streams the decoder alon
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -21,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from rich.console import Console
-from rich.table import Table
 
 from fishserve.audio.batching import DecodeJob, decode_batch
 from fishserve.audio.decoder_runner import DecoderRunner, frame_buckets_for
 from fishserve.audio.streaming import ChunkPolicy, receptive_field_frames
+from fishserve.bench.tables import render_table, write_results
 from fishserve.models.firefly import FireflyGenerator
 
 FRAMES_PER_SECOND = 44100 / 2048  # spec §0
@@ -138,10 +137,8 @@ def run_decoder_bench(
             results += bench_mode(name, decoder, mode, batches, chunk, repeats)
     head = ["weights", "mode", "batch", "chunk", "ctx", "ms/call", "frames/s", "RT streams"]
     head += ["peak GiB", "start-up s"]
-    table = Table(*head)
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in results:
-        row = [
+    rows = [
+        [
             r.dtype,
             r.mode,
             str(r.batch),
@@ -153,11 +150,8 @@ def run_decoder_bench(
             f"{r.peak_gpu_bytes / 2**30:.2f}",
             f"{r.startup_s:.1f}",
         ]
-        table.add_row(*row)
-        lines.append("| " + " | ".join(row) + " |")
-    console.print(table)
-    if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps([asdict(r) for r in results], indent=2))
-        output.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        for r in results
+    ]
+    markdown = render_table(head, rows, console)
+    write_results(output, [asdict(r) for r in results], markdown)
     return results

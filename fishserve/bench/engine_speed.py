@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
+from fishserve.bench import tables
 from fishserve.engine.engine import EngineConfig, GenerationRequest, LLMEngine
 from fishserve.engine.sampling import SamplingParams
 from fishserve.models.dual_ar import DualARTransformer
@@ -161,7 +161,7 @@ def time_to_first_frame(model: DualARTransformer, tokenizer: FishTokenizer, cont
     return time.perf_counter() - start
 
 
-def render_table(results: list[EngineBenchResult], console: Console) -> str:
+def render_results(results: list[EngineBenchResult], console: Console) -> str:
     """Print a rich table and return the same as markdown."""
     head = [
         "KV",
@@ -175,10 +175,8 @@ def render_table(results: list[EngineBenchResult], console: Console) -> str:
         "KV B/pos",
         "graphs",
     ]
-    table = Table(*head)
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in results:
-        row = [
+    rows = [
+        [
             r.kv_cache_dtype,
             r.mode,
             str(r.batch),
@@ -190,10 +188,9 @@ def render_table(results: list[EngineBenchResult], console: Console) -> str:
             str(r.kv_bytes_per_token),
             str(r.graph_captures),
         ]
-        table.add_row(*row)
-        lines.append("| " + " | ".join(row) + " |")
-    console.print(table)
-    return "\n".join(lines)
+        for r in results
+    ]
+    return tables.render_table(head, rows, console)
 
 
 def run_engine_bench(
@@ -223,7 +220,7 @@ def run_engine_bench(
                 )
                 progress.advance(task)
     ttff = time_to_first_frame(model, tokenizer, context)
-    markdown = render_table(results, console)
+    markdown = render_results(results, console)
     console.print(
         f"time to first frame (prefill {context} positions, batch 1): {ttff * 1e3:.1f} ms"
     )

@@ -12,7 +12,6 @@ nearly flat logits (every row falls back). Both are timed here on synthetic Gaus
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -20,8 +19,8 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.table import Table
 
+from fishserve.bench.tables import render_table, write_results
 from fishserve.engine.frame import BatchSampling, inexact_rows, resample_rows_, sample_token
 
 VOCAB = 102_048  # released slow vocabulary (spec §1)
@@ -104,16 +103,17 @@ def run_sampler_bench(
         for b in batches
     ]
     head = ["logits", "batch", "k", "full sort ms", "prefilter ms", "rows decided by prefilter"]
-    table = Table(*head)
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in results:
-        row = [r.logits, str(r.batch), str(r.k), f"{r.full_ms:.3f}", f"{r.prefilter_ms:.3f}"]
-        row.append(f"{r.exact_rows:.0%}")
-        table.add_row(*row)
-        lines.append("| " + " | ".join(row) + " |")
-    console.print(table)
-    if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps([asdict(r) for r in results], indent=2))
-        output.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    rows = [
+        [
+            r.logits,
+            str(r.batch),
+            str(r.k),
+            f"{r.full_ms:.3f}",
+            f"{r.prefilter_ms:.3f}",
+            f"{r.exact_rows:.0%}",
+        ]
+        for r in results
+    ]
+    markdown = render_table(head, rows, console)
+    write_results(output, [asdict(r) for r in results], markdown)
     return results
