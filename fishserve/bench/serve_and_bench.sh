@@ -11,13 +11,27 @@
 #     --concurrency 1,2 --num-requests 4 --lengths short --max-new-tokens 8 --ignore-eos \
 #     --output-dir /tmp/b1 --- --mode poisson --rate 5 --num-requests 4 --lengths short \
 #     --max-new-tokens 8 --ignore-eos --output-dir /tmp/b2
-# Environment: FISHSERVE (default: fishserve), PYTHON (default: python3), STARTUP_TIMEOUT (s, 900).
+# Environment: FISHSERVE (default: `fishserve` on PATH, else .venv/bin/fishserve),
+# STARTUP_TIMEOUT (s, 900). Needs curl for the health check.
 set -euo pipefail
+if (($# < 2)); then
+  echo "usage: $0 PORT \"SERVE ARGS\" BENCH ARGS... [--- BENCH ARGS...]..." >&2
+  exit 2
+fi
 port=$1
 serve_args=$2
 shift 2
-fishserve=${FISHSERVE:-fishserve}
-python=${PYTHON:-python3}
+if [[ -n ${FISHSERVE:-} ]]; then
+  fishserve=$FISHSERVE
+elif command -v fishserve >/dev/null; then
+  fishserve=fishserve
+elif [[ -x .venv/bin/fishserve ]]; then
+  fishserve=.venv/bin/fishserve
+else
+  echo "fishserve not found: activate its virtual environment or set FISHSERVE=/path/to/fishserve" >&2
+  exit 2
+fi
+command -v curl >/dev/null || { echo "curl is needed for the health check" >&2; exit 2; }
 url="http://127.0.0.1:$port"
 
 out=bench_out
@@ -33,8 +47,7 @@ $fishserve serve --host 127.0.0.1 --port "$port" $serve_args >"$out/serve.log" 2
 server=$!
 trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true' EXIT
 deadline=$((SECONDS + ${STARTUP_TIMEOUT:-900}))
-until "$python" -c "import httpx,sys; sys.exit(httpx.get('$url/health').status_code != 200)" \
-  2>/dev/null; do
+until curl -sf -m 5 "$url/health" >/dev/null; do
   if ! kill -0 "$server" 2>/dev/null || ((SECONDS > deadline)); then
     echo "server did not start; end of $out/serve.log:" >&2
     tail -n 30 "$out/serve.log" >&2
