@@ -113,7 +113,10 @@ def _noise(seeds: Tensor, counters: Tensor, ids: Tensor) -> Tensor:
     row = _mix32(_mix32(seeds & _MASK32) ^ (counters & _MASK32))
     index = _mix32(_mul32(ids, _GOLDEN32))
     bits = _mix32(row[:, None] ^ index)
-    uniform = ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    # 23 random bits: (n + 0.5) / 2**23 is exact in float32 and lies strictly inside (0, 1), so
+    # the noise is never 0 (with 24 bits the top value rounds to 1.0: -log(1) = 0 would make an
+    # id outside the nucleus win the race as 0/0 = NaN, or an unlikely one as p/0 = inf).
+    uniform = ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
     return -torch.log(uniform)
 
 
@@ -133,14 +136,16 @@ def top_p_filter(logits: Tensor, top_p: Tensor) -> Tensor:
     """Mask (to -inf) ids outside the nucleus of the *unscaled* logits (spec §5, step 2).
 
     Sorted descending, an entry is removed when the cumulative probability including itself
-    exceeds top_p; the most likely entry is always kept.
+    exceeds top_p; the most likely entry is always kept. top_p >= 1 keeps every entry (the
+    float32 cumulative sum can round past 1.0, which must not drop the last one).
 
     Args:
         logits: (B, V). top_p: (B,).
     """
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-    remove_sorted = cumulative > top_p.to(cumulative.dtype)[:, None]
+    limit = top_p.to(cumulative.dtype)[:, None]
+    remove_sorted = (cumulative > limit) & (limit < 1.0)
     remove_sorted[:, 0] = False
     remove = torch.zeros_like(remove_sorted).scatter(1, order, remove_sorted)
     return logits.masked_fill(remove, float("-inf"))
@@ -200,7 +205,9 @@ def sample_prefiltered(
     `sample` (`fishserve.engine.frame.resample_rows_`). The mass of each candidate is
     ``exp(l - logsumexp(l))``, the same probability `top_p_filter`'s softmax computes, up to
     float32 rounding of the normaliser: a row whose cumulative mass lies within rounding of
-    top_p can, in principle, cut one candidate differently.
+    top_p can, in principle, cut one candidate differently. Rows with a tie of logits across
+    the cut (sort and topk may order tied ids differently) and rows with top_p >= 1 are
+    flagged too.
 
     Args:
         logits: (B, V) float; temperature, top_p, penalty: (B,); window: int64 (B, W) or None.
@@ -218,7 +225,14 @@ def sample_prefiltered(
     limit = top_p.to(mass.dtype)[:, None]
     remove = mass > limit
     remove[:, 0] = False
+    # The nucleus ends inside the candidates, top_p < 1 (which keeps everything), and no tie
+    # straddles the cut (tied logits may be ordered differently by sort and topk).
+    kept = (~remove).sum(dim=-1, keepdim=True)  # (B, 1), >= 1
+    last_kept = values.gather(1, kept - 1)
+    first_cut = values.gather(1, kept.clamp(max=k - 1))
+    tie_at_cut = (last_kept == first_cut) & (kept < k)
+    exact = (mass[:, -1:] > limit) & (limit < 1.0) & ~tie_at_cut
     values = values.masked_fill(remove, float("-inf"))
     noise = exponential_noise_at(seeds, counters, ids)
     pick = _race(values, temperature, noise)
-    return ids.gather(1, pick[:, None])[:, 0], mass[:, -1] > limit[:, 0]
+    return ids.gather(1, pick[:, None])[:, 0], exact[:, 0]

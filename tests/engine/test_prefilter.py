@@ -11,7 +11,7 @@ import torch
 from conftest import make_engine, run_engine
 
 from fishserve.engine.engine import GenerationRequest
-from fishserve.engine.frame import BatchSampling, inexact_rows, sample_token
+from fishserve.engine.frame import BatchSampling, inexact_rows, resample_rows_, sample_token
 from fishserve.engine.sampling import (
     SamplingParams,
     exponential_noise,
@@ -125,3 +125,50 @@ def test_engine_codes_do_not_depend_on_the_prefilter(tiny_model, tiny_tokenizer,
         assert results[0][rid][0].shape[1] > 1
         assert torch.equal(results[8][rid][0], results[0][rid][0])
         assert torch.equal(results[256][rid][0], results[0][rid][0])
+
+
+def test_noise_is_never_zero_so_no_id_outside_the_nucleus_wins() -> None:
+    """With 24-bit uniforms 2**-24 of the draws gave noise -0.0 (0.6% of slow-token draws):
+    an id outside the nucleus then won the race. 2,000 rows x 102,048 ids covers ~12 such."""
+    seeds = torch.arange(2000)
+    counters = torch.full((2000,), 5)
+    noise = exponential_noise(seeds, counters, 102_048)
+    assert bool((noise > 0).all()) and bool(noise.isfinite().all())
+    logits = torch.full((2000, 102_048), -30.0)
+    logits[:, 7] = 30.0  # all the mass on id 7
+    ones = torch.ones(2000)
+    tokens = sample(logits, ones * 0.7, ones * 0.7, ones, None, noise)
+    assert bool((tokens == 7).all())
+
+
+@pytest.mark.parametrize("pair", [(5, 900), (996, 1459), (700, 701)])
+def test_a_tie_across_the_cut_goes_to_the_full_sort(pair: tuple[int, int]) -> None:
+    logits = torch.full((1, 1536), -20.0)
+    logits[0, list(pair)] = 10.0  # top_p 0.4 keeps one of the two tied ids
+    p = batch(1, seed=11, top_p=0.4)
+    _, exact = sample_prefiltered(
+        logits, p.temperature, p.top_p, p.penalty, None, p.seeds, p.counters(0), 64
+    )
+    assert not exact.any()
+    token, exact = sample_token(logits, p, None, 64)
+    rows = inexact_rows(exact)
+    assert rows is not None
+    resample_rows_(token, rows, logits[rows], p, None)
+    noise = exponential_noise(p.seeds, p.counters(0), 1536)
+    full = sample(logits, p.temperature, p.top_p, p.penalty, None, noise)
+    assert torch.equal(token, full)
+
+
+def test_top_p_one_keeps_every_id_in_both_samplers() -> None:
+    """The float32 cumulative mass can round to 1.0000001 > 1.0; that must not cut an id."""
+    from fishserve.engine.sampling import top_p_filter
+
+    logits = torch.full((1, 1536), float("-inf"))
+    logits[0, [566, 647, 1341]] = torch.tensor([0.00847904477, 0.000575817015, -0.00938897673])
+    kept = top_p_filter(logits, torch.ones(1)).isfinite()
+    assert kept.sum().item() == 3
+    p = batch(1, seed=12, top_p=1.0)
+    _, exact = sample_prefiltered(
+        logits, p.temperature, p.top_p, p.penalty, None, p.seeds, p.counters(0), 64
+    )
+    assert not exact.any()
