@@ -39,8 +39,8 @@ class DecodeJob:
         context_frames: leading frames that are decoded only as context; their samples are dropped.
 
     Raises:
-        ValueError: ``codes`` is not a 2-D int64 array, or ``context_frames`` is outside
-            ``[0, frames)`` (a job must have at least one new frame).
+        ValueError: ``codes`` is not a 2-D int64 array, holds negative ids, or
+            ``context_frames`` is outside ``[0, frames)`` (a job needs at least one new frame).
     """
 
     codes: np.ndarray
@@ -52,6 +52,8 @@ class DecodeJob:
                 f"DecodeJob.codes must be a (G, L) int64 array, got "
                 f"{self.codes.dtype} {self.codes.shape}"
             )
+        if self.codes.size and int(self.codes.min()) < 0:
+            raise ValueError(f"DecodeJob.codes must be >= 0, got {int(self.codes.min())}")
         if not 0 <= self.context_frames < self.codes.shape[1]:
             raise ValueError(
                 f"context_frames must lie in [0, {self.codes.shape[1]}), got {self.context_frames}"

@@ -26,6 +26,7 @@ from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.tokenizer import FishTokenizer
 
 FRAMES_PER_SECOND = 44100 / 2048  # audio frames per second of speech (spec §0)
+ENGINE_MODES = ("graphs", "eager")
 
 
 @dataclass

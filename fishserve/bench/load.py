@@ -53,7 +53,10 @@ async def run_closed_loop(plan: LevelPlan, send: SendFn, on_done: DoneFn) -> lis
 
     async def worker(position: int) -> None:
         nonlocal next_index
-        await asyncio.sleep(position * plan.ramp_s / plan.level)
+        delay = position * plan.ramp_s / plan.level
+        if position >= plan.num_requests or delay >= plan.duration_s:
+            return  # this worker would never start a request
+        await asyncio.sleep(delay)
         while next_index < plan.num_requests and time.perf_counter() < deadline:
             index, next_index = next_index, next_index + 1
             record = await send(index, None)

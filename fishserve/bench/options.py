@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, cast
 
@@ -31,9 +32,21 @@ def parse_numbers(text: str, what: str) -> list[float]:
         values = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise ValueError(f"{what}: expected comma-separated numbers, got {text!r}") from None
-    if not values or min(values) <= 0:
+    if not values or min(values) <= 0 or not all(math.isfinite(v) for v in values):
         raise ValueError(f"{what}: expected positive numbers, got {text!r}")
     return values
+
+
+def parse_sizes(text: str, what: str) -> list[int]:
+    """ "1,8,32" -> [1, 8, 32].
+
+    Raises:
+        ValueError: not a comma-separated list of positive whole numbers.
+    """
+    values = parse_numbers(text, what)
+    if any(v != int(v) for v in values):
+        raise ValueError(f"{what}: expected positive whole numbers, got {text!r}")
+    return [int(v) for v in values]
 
 
 def parse_names(text: str, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
@@ -145,6 +158,11 @@ def bench_options(
         extra_body=parse_extra_body(extra_body),
         **{k: rest.pop(k) for k in shape_keys},
     )
+    ramp = rest.get("ramp_s", 0.0)
+    if not math.isfinite(ramp) or ramp < 0:
+        raise ValueError(f"--ramp must be a finite number of seconds >= 0, got {ramp}")
+    if ramp and mode != "concurrency":
+        raise ValueError("--ramp applies to --mode concurrency only (Poisson arrivals are spread)")
     items, name = load_workload(workload, lengths, languages)
     if mode == "concurrency":
         levels = parse_numbers(concurrency, "--concurrency")

@@ -133,9 +133,13 @@ def capacity_lines(report: BenchReport) -> list[str]:
     if report.meta.get("mode") != "concurrency":
         return []
     cap = capacity(report.levels)
+    by_level = {s.level: s for s in report.levels}
 
     def name(level: float | None) -> str:
-        return "none of the levels" if level is None else f"{level:g} concurrent streams"
+        if level is None:
+            return "none of the levels"
+        in_flight = by_level[level].mean_in_flight
+        return f"{level:g} concurrent streams ({in_flight:.0f} in flight on average)"
 
     rule = (
         f"all requests ok, every stream RTF <= 1 and never stalled, "

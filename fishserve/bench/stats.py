@@ -8,6 +8,7 @@ divides by the level's wall time (first send to last byte).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +44,8 @@ class LevelSummary:
         all_realtime: every successful request had RTF <= 1 (None without successes).
         stalled_streams: successful streams that fell behind playback at some point.
         peak_gpu_bytes: largest GPU memory use seen during the level, or None.
+        mean_in_flight: requests in flight on average over the level (sum of latencies over
+            the level's duration, Little's law): the load the level really put on the server.
         decoder_frames_per_s, llm_busy, decoder_busy: the server's own counters over the level
             (`fishserve.bench.server_counters.ServerRates`), None for other servers.
     """
@@ -66,6 +69,7 @@ class LevelSummary:
     decoder_frames_per_s: float | None = None
     llm_busy: float | None = None
     decoder_busy: float | None = None
+    mean_in_flight: float = 0.0
 
 
 # Issue 8's capacity criteria: every stream real time without gaps, TTFA p99 within 300 ms;
@@ -90,16 +94,27 @@ def serves_realtime(summary: LevelSummary, ttfa_limit_s: float = TTFA_P99_LIMIT_
 def capacity(
     levels: list[LevelSummary], ttfa_limit_s: float = TTFA_P99_LIMIT_S
 ) -> dict[str, float | None]:
-    """The largest levels that meet `serves_realtime`, and that plus worst RTF <= 0.5.
+    """The largest level up to which every level meets `serves_realtime` (a level that fails
+    caps the answer even if a larger one passed), and the same with worst RTF <= 0.5.
 
     Returns:
         ``{"realtime": level or None, "rtf_0.5": level or None}``.
     """
-    ok = [s for s in levels if serves_realtime(s, ttfa_limit_s)]
-    fast = [s for s in ok if s.rtf_max is not None and s.rtf_max <= FAST_RTF]
+
+    def largest(passes: Callable[[LevelSummary], bool]) -> float | None:
+        best = None
+        for summary in sorted(levels, key=lambda s: s.level):
+            if not passes(summary):
+                break
+            best = summary.level
+        return best
+
+    def fast(s: LevelSummary) -> bool:
+        return serves_realtime(s, ttfa_limit_s) and s.rtf_max is not None and s.rtf_max <= FAST_RTF
+
     return {
-        "realtime": max((s.level for s in ok), default=None),
-        "rtf_0.5": max((s.level for s in fast), default=None),
+        "realtime": largest(lambda s: serves_realtime(s, ttfa_limit_s)),
+        "rtf_0.5": largest(fast),
     }
 
 
@@ -141,4 +156,5 @@ def summarize(
         all_realtime=all(x <= 1.0 for x in rtfs) if rtfs else None,
         stalled_streams=sum(1 for r in good if (r.stall_s or 0.0) > 0.0),
         peak_gpu_bytes=peak_gpu_bytes,
+        mean_in_flight=sum(r.latency_s for r in records) * rate,
     )

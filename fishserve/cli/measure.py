@@ -214,17 +214,23 @@ def bench_engine(
     kv_cache_dtypes: Annotated[str, typer.Option(help="Comma list of KV dtypes.")] = "bf16",
     modes: Annotated[str, typer.Option(help="Comma list: graphs, eager.")] = "graphs,eager",
     batch_sizes: Annotated[str, typer.Option(help="Comma list of batch sizes.")] = "1,8,32",
-    context: Annotated[int, typer.Option(help="Prompt positions per sequence.")] = 1000,
-    frames: Annotated[int, typer.Option(help="Timed decode steps per point.")] = 64,
+    context: Annotated[int, typer.Option(min=1, help="Prompt positions per sequence.")] = 1000,
+    frames: Annotated[int, typer.Option(min=1, help="Timed decode steps per point.")] = 64,
     top_k_prefilter: Annotated[
-        int, typer.Option(help="Top-p candidates checked before a full sort (0: always sort).")
+        int,
+        typer.Option(min=0, help="Top-p candidates checked before a full sort (0: always sort)."),
     ] = 1024,
     output: Annotated[Path | None, typer.Option(help="JSON results (+ .md table).")] = None,
 ) -> None:
     """Engine decode speed: ms per step and frames/s per batch size, KV dtype and mode."""
-    from fishserve.bench.engine_speed import run_engine_bench
+    from fishserve.bench.engine_speed import ENGINE_MODES, run_engine_bench
+    from fishserve.bench.options import parse_names, parse_sizes
+    from fishserve.engine.kv_cache import KV_CACHE_DTYPES
     from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
 
+    batches = parse_sizes(batch_sizes, "--batch-sizes")
+    mode_names = parse_names(modes, ENGINE_MODES, "--modes")
+    kv_names = parse_names(kv_cache_dtypes, KV_CACHE_DTYPES, "--kv-cache-dtypes")
     dev = resolve_device(device)
     model, tokenizer = load_text2semantic(
         checkpoint,
@@ -235,9 +241,9 @@ def bench_engine(
     run_engine_bench(
         model,
         tokenizer,
-        kv_cache_dtypes.split(","),
-        modes.split(","),
-        [int(b) for b in batch_sizes.split(",")],
+        list(kv_names),
+        list(mode_names),
+        batches,
         context,
         frames,
         output,
@@ -256,10 +262,13 @@ def bench_sampler(
     output: Annotated[Path | None, typer.Option(help="JSON results (+ .md table).")] = None,
 ) -> None:
     """Slow-token sampler: full-sort top-p vs top-k prefilter, on peaked and flat logits."""
-    from fishserve.bench.sampler_speed import run_sampler_bench
+    from fishserve.bench.options import parse_sizes
+    from fishserve.bench.sampler_speed import VOCAB, run_sampler_bench
     from fishserve.models.loading import resolve_device
 
-    batches = [int(b) for b in batch_sizes.split(",")]
+    batches = parse_sizes(batch_sizes, "--batch-sizes")
+    if top_k_prefilter >= VOCAB:
+        raise ValueError(f"--top-k-prefilter must be below the vocabulary ({VOCAB:,})")
     dev = resolve_device(device)
     run_sampler_bench(batches, top_k_prefilter, dev, repeats, output, err_console)
 
@@ -272,30 +281,34 @@ def bench_decoder(
     device: DeviceOpt = "auto",
     dtypes: Annotated[str, typer.Option(help="Comma list of weight dtypes.")] = "bf16,fp32",
     batch_sizes: Annotated[str, typer.Option(help="Comma list of jobs per call.")] = "1,8,32",
-    chunk: Annotated[int, typer.Option(help="New frames per job.")] = 64,
-    repeats: Annotated[int, typer.Option(help="Timed calls per point.")] = 10,
+    chunk: Annotated[int, typer.Option(min=1, help="New frames per job.")] = 64,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed calls per point.")] = 10,
     modes: Annotated[
         str, typer.Option(help="Comma list: eager (plain call), graphs (server runner), compiled.")
     ] = "eager,graphs",
     output: Annotated[Path | None, typer.Option(help="JSON results (+ .md table).")] = None,
 ) -> None:
     """Batched decoder throughput (random released-size weights unless a checkpoint is given)."""
-    from fishserve.bench.decoder_speed import run_decoder_bench
+    from fishserve.bench.decoder_speed import MODES, run_decoder_bench
+    from fishserve.bench.options import parse_names, parse_sizes
     from fishserve.models.firefly import load_firefly
     from fishserve.models.loading import DTYPES, resolve_device
 
+    batches = parse_sizes(batch_sizes, "--batch-sizes")
+    mode_names = parse_names(modes, MODES, "--modes")
+    dtype_names = parse_names(dtypes, tuple(DTYPES), "--dtypes")
     dev = resolve_device(device)
     fmt = "auto" if decoder_checkpoint else "dummy"
     decoders = {
         name: load_firefly(
             decoder_checkpoint, decoder_config, device=dev, dtype=DTYPES[name], load_format=fmt
         )
-        for name in dtypes.split(",")
+        for name in dtype_names
     }
     run_decoder_bench(
         decoders,
-        modes.split(","),
-        [int(b) for b in batch_sizes.split(",")],
+        list(mode_names),
+        batches,
         chunk,
         repeats,
         output,

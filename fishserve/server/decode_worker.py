@@ -99,9 +99,24 @@ class DecodeWorker:
         try:
             audio = self.runner.decode_jobs([job for job, _ in live])
         except Exception as exc:  # a failed call fails its jobs, not the worker
-            log.exception("decoder call failed for %d jobs", len(live))
-            for _, fut in live:
-                fut.set_exception(exc)
+            if len(live) > 1:  # find the culprit: the other streams' chunks still decode
+                log.warning(
+                    "decoder call for %d jobs failed (%s); retrying one by one", len(live), exc
+                )
+                for pair in live:
+                    self._decode_alone(*pair)
+                return
+            log.exception("decoder call failed")
+            live[0][1].set_exception(exc)
             return
         for (_, fut), samples in zip(live, audio, strict=True):
             fut.set_result(samples)
+
+    def _decode_alone(self, job: DecodeJob, fut: Future[np.ndarray]) -> None:
+        try:
+            (samples,) = self.runner.decode_jobs([job])
+        except Exception as exc:
+            log.exception("decoder call failed for one job")
+            fut.set_exception(exc)
+            return
+        fut.set_result(samples)

@@ -107,8 +107,13 @@ class Metrics:
         self._advance("decoder_frames", self.decoder_frames, frames)
 
     def _advance(self, name: str, counter: Counter, total: float) -> None:
-        """Increase `counter` to the running total `total` (totals never go back)."""
-        counter.inc(max(total - self._seen.get(name, 0), 0))
+        """Increase `counter` by what the running total `total` gained since the last call.
+
+        A total below the last one means the models were reloaded (idle unload, lazy load) and
+        the new runtime counts from 0: all of `total` is new work.
+        """
+        seen = self._seen.get(name, 0.0)
+        counter.inc(total - seen if total >= seen else total)
         self._seen[name] = total
 
     def refused(self, status: int) -> None:

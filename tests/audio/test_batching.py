@@ -92,3 +92,10 @@ def test_wrong_codebook_count_is_rejected(tiny_decoder: FireflyGenerator) -> Non
 def test_job_validation(codes: np.ndarray, context: int) -> None:
     with pytest.raises(ValueError):
         DecodeJob(codes, context)
+
+
+def test_decode_job_rejects_negative_codes() -> None:
+    codes = np.zeros((4, 5), dtype=np.int64)
+    codes[2, 3] = -1
+    with pytest.raises(ValueError, match=">= 0"):
+        DecodeJob(codes, 0)

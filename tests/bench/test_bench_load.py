@@ -41,6 +41,18 @@ def test_closed_loop_ramp_spreads_the_first_requests():
     assert [round(x, 1) for x in offsets] == [0.0, 0.1, 0.2, 0.3]
 
 
+def test_ramp_waits_only_for_workers_that_will_send():
+    server = FakeServer(0.05)
+    plan = LevelPlan(4, 1, 60.0, ramp_s=80.0)  # one request: workers 1-3 never send
+    start = time.perf_counter()
+    records = asyncio.run(run_closed_loop(plan, server.send, lambda r: None))
+    assert len(records) == 1 and time.perf_counter() - start < 2.0
+    plan = LevelPlan(4, 100, 0.5, ramp_s=80.0)  # workers 1-3 would start after the duration
+    start = time.perf_counter()
+    records = asyncio.run(run_closed_loop(plan, server.send, lambda r: None))
+    assert 1 <= len(records) <= 12 and time.perf_counter() - start < 2.0
+
+
 def test_closed_loop_stops_starting_requests_after_the_duration():
     server = FakeServer(0.05)
     records = asyncio.run(run_closed_loop(LevelPlan(1, 1000, 0.12), server.send, lambda r: None))

@@ -44,4 +44,9 @@ def test_capacity_is_the_largest_level_meeting_every_criterion():
     ]
     assert capacity(levels) == {"realtime": 256, "rtf_0.5": 128}
     assert capacity([level(8, 0.1, 0.3, errors=1)]) == {"realtime": None, "rtf_0.5": None}
+    # a failing level caps the answer even if a larger one passed (noise, not capacity)
+    assert capacity([level(64, 0.1, 0.3), level(128, 0.5, 0.3), level(256, 0.1, 0.3)]) == {
+        "realtime": 64,
+        "rtf_0.5": 64,
+    }
     assert serves_realtime(level(8, 0.1, 0.3)) and not serves_realtime(level(8, 0.31, 0.3))

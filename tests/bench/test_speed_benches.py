@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from fishserve.cli import app
@@ -50,3 +51,25 @@ def test_bench_engine_runs_on_the_tiny_model(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert [r["batch"] for r in data["results"]] == [1, 2]
     assert all(r["ms_per_step"] > 0 for r in data["results"]) and data["ttff_ms"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["bench-sampler", "--top-k-prefilter", "200000"], "below the vocabulary"),
+        (["bench-sampler", "--batch-sizes", "-1"], "--batch-sizes"),
+        (["bench-sampler", "--batch-sizes", "1.5"], "whole numbers"),
+        (["bench-decoder", "--dtypes", "fp64"], "--dtypes"),
+        (["bench-decoder", "--batch-sizes", "0"], "--batch-sizes"),
+        (["bench-decoder", "--modes", "fast"], "--modes"),
+        (["bench-engine", "--modes", "bogus"], "--modes"),
+        (["bench-engine", "--kv-cache-dtypes", "int4"], "--kv-cache-dtypes"),
+        (["bench", "--ramp", "inf"], "--ramp"),
+        (["bench", "--mode", "poisson", "--ramp", "2"], "--ramp"),
+    ],
+)
+def test_bad_values_give_one_line_and_exit_2(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "error:" in result.output and message in result.output
+    assert "Traceback" not in result.output

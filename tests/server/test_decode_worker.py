@@ -65,6 +65,21 @@ def test_a_failed_call_fails_its_jobs_only() -> None:
     worker.shutdown()
 
 
+def test_a_bad_job_in_a_batch_fails_alone() -> None:
+    runner = GatedRunner(max_batch=4, fail_tag=5)
+    worker = DecodeWorker(runner)  # type: ignore[arg-type]
+    worker.start()
+    worker.submit(job(0))
+    assert runner.entered.wait(5)
+    futures = {tag: worker.submit(job(tag)) for tag in (4, 5, 6)}  # one batch of three
+    runner.gate.set()
+    with pytest.raises(RuntimeError, match="exploded"):
+        futures[5].result(5)
+    assert futures[4].result(5)[0] == 4 and futures[6].result(5)[0] == 6
+    worker.shutdown()
+    assert runner.calls == [[0], [4, 5, 6], [4], [5], [6]]
+
+
 def test_cancelled_jobs_are_skipped() -> None:
     runner = GatedRunner(max_batch=4)
     worker = DecodeWorker(runner)  # type: ignore[arg-type]

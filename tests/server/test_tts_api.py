@@ -242,3 +242,15 @@ def test_request_log_says_rtf_na_without_audio(caplog):
     with caplog.at_level(logging.INFO, logger="fishserve.server.service"):
         _record_finish(Synthesis(), Metrics(), 44100)
     assert "(RTF n/a)" in caplog.text and "nan" not in caplog.text
+
+
+def test_metrics_count_work_across_a_model_reload():
+    """Totals restart at 0 with a new runtime (idle unload + reload): nothing is lost."""
+    metrics = Metrics()
+    metrics.update_decoder(busy_seconds=2.0, calls=3, frames=40)
+    metrics.update_decoder(busy_seconds=0.5, calls=1, frames=10)  # reloaded runtime
+    metrics.update_decoder(busy_seconds=1.0, calls=2, frames=30)
+    values = metric_values(metrics.render().decode())
+    assert values["fishserve:decoder_frames_total"] == 70
+    assert values["fishserve:decoder_calls_total"] == 5
+    assert values['fishserve:gpu_busy_seconds_total{component="decoder"}'] == 3.0
