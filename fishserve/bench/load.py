@@ -13,6 +13,7 @@ level started; requests in flight then run to completion (bounded by the client 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -51,14 +52,19 @@ async def run_closed_loop(plan: LevelPlan, send: SendFn, on_done: DoneFn) -> lis
     next_index = 0
     records: list[RequestRecord] = []
 
+    all_taken = asyncio.Event()  # set when the last request is handed out
+
     async def worker(position: int) -> None:
         nonlocal next_index
         delay = position * plan.ramp_s / plan.level
         if position >= plan.num_requests or delay >= plan.duration_s:
             return  # this worker would never start a request
-        await asyncio.sleep(delay)
+        with contextlib.suppress(TimeoutError):  # wait out the ramp, unless nothing is left
+            await asyncio.wait_for(all_taken.wait(), delay)
         while next_index < plan.num_requests and time.perf_counter() < deadline:
             index, next_index = next_index, next_index + 1
+            if next_index == plan.num_requests:
+                all_taken.set()
             record = await send(index, None)
             records.append(record)
             on_done(record)

@@ -185,7 +185,9 @@ def resample_inexact_(
     rows = inexact_rows(None if step.exact is None else step.exact[:live])
     if rows is None:
         return 0
-    logits = model.slow_logits(step.hidden[rows])
+    # Same shape as the step's own logits (bit-identical GEMM), then the rows: logits of a
+    # smaller matmul can round differently and change a token.
+    logits = model.slow_logits(step.hidden)[rows]
     resample_rows_(step.token, rows, logits, sampling_of(inputs), inputs.windows[:, 0])
     return int(rows.numel())
 

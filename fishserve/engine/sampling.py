@@ -23,6 +23,10 @@ from fishserve.models.fusion import gpu_fused
 REPETITION_WINDOW = 16
 # Spec §5: logits are divided by max(temperature, 1e-5); at or below it sampling is greedy.
 MIN_TEMPERATURE = 1e-5
+# The prefilter defers to the full sort when a cumulative mass at the cut lies this close to
+# top_p: both compute the mass in float32 with different normalisers and summation orders,
+# measured to differ by a few 1e-7; 1e-4 leaves a wide margin (prefix sums of ~1,000 terms).
+CUT_TOLERANCE = 1e-4
 _MASK32 = 0xFFFFFFFF
 _GOLDEN32 = 0x9E3779B9
 
@@ -204,10 +208,10 @@ def sample_prefiltered(
     where the candidates hold at most top_p are flagged; the caller resamples those rows with
     `sample` (`fishserve.engine.frame.resample_rows_`). The mass of each candidate is
     ``exp(l - logsumexp(l))``, the same probability `top_p_filter`'s softmax computes, up to
-    float32 rounding of the normaliser: a row whose cumulative mass lies within rounding of
-    top_p can, in principle, cut one candidate differently. Rows with a tie of logits across
-    the cut (sort and topk may order tied ids differently) and rows with top_p >= 1 are
-    flagged too.
+    float32 rounding of the normaliser; rows whose mass at the cut lies within `CUT_TOLERANCE`
+    of top_p are flagged, as are rows with a tie of logits across the cut (sort and topk may
+    order tied ids differently), rows whose cut is not visible among the candidates, and rows
+    with top_p >= 1.
 
     Args:
         logits: (B, V) float; temperature, top_p, penalty: (B,); window: int64 (B, W) or None.
@@ -225,13 +229,17 @@ def sample_prefiltered(
     limit = top_p.to(mass.dtype)[:, None]
     remove = mass > limit
     remove[:, 0] = False
-    # The nucleus ends inside the candidates, top_p < 1 (which keeps everything), and no tie
-    # straddles the cut (tied logits may be ordered differently by sort and topk).
+    # Exact when the first removed id is among the candidates (the nucleus ends inside them),
+    # top_p < 1 (which keeps everything), no tie straddles the cut (sort and topk may order
+    # tied ids differently) and the cumulative mass on both sides of the cut is clear of top_p
+    # by more than float32 rounding can move it (the full sort normalises differently).
     kept = (~remove).sum(dim=-1, keepdim=True)  # (B, 1), >= 1
-    last_kept = values.gather(1, kept - 1)
-    first_cut = values.gather(1, kept.clamp(max=k - 1))
-    tie_at_cut = (last_kept == first_cut) & (kept < k)
-    exact = (mass[:, -1:] > limit) & (limit < 1.0) & ~tie_at_cut
+    cut = kept.clamp(max=k - 1)
+    tie_at_cut = values.gather(1, kept - 1) == values.gather(1, cut)
+    near_cut = ((mass.gather(1, cut) - limit).abs() < CUT_TOLERANCE) | (
+        (limit - mass.gather(1, kept - 1)).abs() < CUT_TOLERANCE
+    )
+    exact = (kept < k) & (limit < 1.0) & ~tie_at_cut & ~near_cut
     values = values.masked_fill(remove, float("-inf"))
     noise = exponential_noise_at(seeds, counters, ids)
     pick = _race(values, temperature, noise)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from fishserve.engine.engine import EngineStats
+
+if TYPE_CHECKING:
+    from fishserve.server.runtime import Runtime
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
@@ -106,15 +111,24 @@ class Metrics:
         self._advance("decoder_calls", self.decoder_calls, calls)
         self._advance("decoder_frames", self.decoder_frames, frames)
 
-    def _advance(self, name: str, counter: Counter, total: float) -> None:
-        """Increase `counter` by what the running total `total` gained since the last call.
+    def update_runtime(self, runtime: Runtime) -> None:
+        """Copy a loaded runtime's engine and decoder totals (called before each scrape)."""
+        self.update_engine(runtime.engine.stats())
+        runner = runtime.decode_worker.runner
+        self.update_decoder(runner.busy_seconds, runner.calls, runner.frames_decoded)
 
-        A total below the last one means the models were reloaded (idle unload, lazy load) and
-        the new runtime counts from 0: all of `total` is new work.
-        """
+    def retire_runtime(self, runtime: Runtime) -> None:
+        """Take a stopped runtime's final totals; the next runtime's totals start from 0."""
+        self.update_runtime(runtime)
+        self._seen.clear()
+
+    def _advance(self, name: str, counter: Counter, total: float) -> None:
+        """Increase `counter` by what the running total `total` gained since the last call
+        (totals of one runtime never go back; NaN is ignored)."""
         seen = self._seen.get(name, 0.0)
-        counter.inc(total - seen if total >= seen else total)
-        self._seen[name] = total
+        if total > seen:
+            counter.inc(total - seen)
+            self._seen[name] = total
 
     def refused(self, status: int) -> None:
         """Count a request refused with HTTP `status`: 429 busy, 503 overloaded, other 4xx

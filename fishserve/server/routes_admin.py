@@ -157,7 +157,5 @@ async def metrics(request: Request) -> Response:
     """Prometheus exposition."""
     state = _state(request)
     if state.runtime is not None:
-        state.metrics.update_engine(state.runtime.engine.stats())
-        runner = state.runtime.decode_worker.runner
-        state.metrics.update_decoder(runner.busy_seconds, runner.calls, runner.frames_decoded)
+        state.metrics.update_runtime(state.runtime)
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")

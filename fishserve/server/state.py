@@ -71,6 +71,7 @@ class ServerState:
             runtime, self._runtime = self._runtime, None
         if runtime is not None:
             await asyncio.to_thread(runtime.shutdown)
+            self.metrics.retire_runtime(runtime)  # its totals, then counting restarts from 0
 
     @contextmanager
     def busy(self) -> Iterator[None]:

@@ -51,6 +51,10 @@ def test_ramp_waits_only_for_workers_that_will_send():
     start = time.perf_counter()
     records = asyncio.run(run_closed_loop(plan, server.send, lambda r: None))
     assert 1 <= len(records) <= 12 and time.perf_counter() - start < 2.0
+    plan = LevelPlan(4, 3, 60.0, ramp_s=8.0)  # worker 0 takes all 3 before the others wake
+    start = time.perf_counter()
+    records = asyncio.run(run_closed_loop(plan, server.send, lambda r: None))
+    assert len(records) == 3 and time.perf_counter() - start < 1.0
 
 
 def test_closed_loop_stops_starting_requests_after_the_duration():

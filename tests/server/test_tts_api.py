@@ -245,12 +245,25 @@ def test_request_log_says_rtf_na_without_audio(caplog):
 
 
 def test_metrics_count_work_across_a_model_reload():
-    """Totals restart at 0 with a new runtime (idle unload + reload): nothing is lost."""
+    """A stopped runtime's totals are folded in; the next one counts from 0: nothing lost."""
+    from types import SimpleNamespace
+
+    from fishserve.engine.engine import EngineStats
+
+    def runtime(frames: int, calls: int, busy: float) -> SimpleNamespace:
+        stats = EngineStats(0, 0, 8, 8, 0, frames, busy)
+        runner = SimpleNamespace(busy_seconds=busy, calls=calls, frames_decoded=frames)
+        return SimpleNamespace(
+            engine=SimpleNamespace(stats=lambda: stats),
+            decode_worker=SimpleNamespace(runner=runner),
+        )
+
     metrics = Metrics()
-    metrics.update_decoder(busy_seconds=2.0, calls=3, frames=40)
-    metrics.update_decoder(busy_seconds=0.5, calls=1, frames=10)  # reloaded runtime
-    metrics.update_decoder(busy_seconds=1.0, calls=2, frames=30)
+    metrics.update_runtime(runtime(40, 3, 2.0))  # a scrape
+    metrics.retire_runtime(runtime(100, 5, 3.0))  # more work, then an idle unload
+    metrics.update_runtime(runtime(150, 4, 1.0))  # the reloaded runtime did 150 frames
     values = metric_values(metrics.render().decode())
-    assert values["fishserve:decoder_frames_total"] == 70
-    assert values["fishserve:decoder_calls_total"] == 5
-    assert values['fishserve:gpu_busy_seconds_total{component="decoder"}'] == 3.0
+    assert values["fishserve:decoder_frames_total"] == 250
+    assert values["fishserve:generation_frames_total"] == 250
+    assert values["fishserve:decoder_calls_total"] == 9
+    assert values['fishserve:gpu_busy_seconds_total{component="decoder"}'] == 4.0
