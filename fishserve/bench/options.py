@@ -20,6 +20,7 @@ from fishserve.bench.workload import (
 )
 
 MEMORY_SOURCES = ("auto", "health", "nvml", "nvidia-smi", "none")
+MAX_SIZE = 65_536  # batch sizes of the speed benches: beyond any GPU's memory for these models
 
 
 def parse_numbers(text: str, what: str) -> list[float]:
@@ -46,6 +47,8 @@ def parse_sizes(text: str, what: str) -> list[int]:
     values = parse_numbers(text, what)
     if any(v != int(v) for v in values):
         raise ValueError(f"{what}: expected positive whole numbers, got {text!r}")
+    if max(values) > MAX_SIZE:
+        raise ValueError(f"{what}: at most {MAX_SIZE:,}, got {text!r}")
     return [int(v) for v in values]
 
 

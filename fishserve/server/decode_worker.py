@@ -42,6 +42,7 @@ class DecodeWorker:
         self._heap: list[_Item] = []
         self._order = itertools.count()
         self._thread = threading.Thread(target=self._loop, name="fishserve-decoder", daemon=True)
+        self._stopped = False
 
     @property
     def calls(self) -> int:
@@ -58,9 +59,11 @@ class DecodeWorker:
         self._thread.start()
 
     def shutdown(self) -> None:
-        """Stop after the queued jobs."""
+        """Stop after the queued jobs; later submissions fail at once."""
+        self._stopped = True
         self._inbox.put(None)
-        self._thread.join(10)
+        if self._thread.is_alive():
+            self._thread.join(10)
 
     def submit(self, job: DecodeJob, deadline: float | None = None) -> Future[np.ndarray]:
         """Queue a job; the future gives its float32 samples (new_frames * frame_samples,).
@@ -70,6 +73,9 @@ class DecodeWorker:
                 playback would run dry); ``None`` means now. Earlier deadlines decode first.
         """
         future: Future[np.ndarray] = Future()
+        if self._stopped:
+            future.set_exception(RuntimeError("the decoder thread is stopped"))
+            return future
         when = time.monotonic() if deadline is None else deadline
         self._inbox.put((when, next(self._order), job, future))
         return future
@@ -98,6 +104,8 @@ class DecodeWorker:
             return
         try:
             audio = self.runner.decode_jobs([job for job, _ in live])
+            if len(audio) != len(live):
+                raise RuntimeError(f"decoder returned {len(audio)} chunks for {len(live)} jobs")
         except Exception as exc:  # a failed call fails its jobs, not the worker
             if len(live) > 1:  # find the culprit: the other streams' chunks still decode
                 log.warning(

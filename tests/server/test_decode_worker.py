@@ -93,3 +93,28 @@ def test_cancelled_jobs_are_skipped() -> None:
     assert kept.result(5)[0] == 2
     worker.shutdown()
     assert runner.calls == [[0], [2]]
+
+
+def test_submissions_after_shutdown_fail_at_once() -> None:
+    runner = GatedRunner(max_batch=2)
+    runner.gate.set()
+    worker = DecodeWorker(runner)  # type: ignore[arg-type]
+    worker.shutdown()  # before start: no hang, no error
+    with pytest.raises(RuntimeError, match="stopped"):
+        worker.submit(job(1)).result(1)
+
+
+def test_a_runner_returning_too_few_chunks_is_retried_not_fatal() -> None:
+    runner = GatedRunner(max_batch=4)
+    decode = runner.decode_jobs
+    runner.decode_jobs = lambda jobs: decode(jobs)[:-1] if len(jobs) > 1 else decode(jobs)
+    worker = DecodeWorker(runner)  # type: ignore[arg-type]
+    worker.start()
+    worker.submit(job(0))
+    assert runner.entered.wait(5)
+    pair = [worker.submit(job(tag)) for tag in (1, 2)]  # one batch of two: one chunk short
+    runner.gate.set()
+    assert [f.result(5)[0] for f in pair] == [1, 2]  # retried one by one
+    assert worker.submit(job(3)).result(5)[0] == 3  # the thread is still alive
+    worker.shutdown()
+    assert runner.calls == [[0], [1, 2], [1], [2], [3]]
