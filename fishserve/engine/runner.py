@@ -118,9 +118,14 @@ def split_decode(batch: ScheduledBatch) -> tuple[list[Sequence], ScheduledBatch]
     on the general path, so a prompt arriving does not send a thousand decoding sequences
     through eager kernels.
     """
-    decode = [seq for seq, n in batch.items if is_decode_item(seq, n)]
-    rest = [(seq, n) for seq, n in batch.items if not is_decode_item(seq, n)]
-    return decode, ScheduledBatch(rest)
+    decode: list[Sequence] = []
+    rest = ScheduledBatch()
+    for seq, n in batch.items:
+        if is_decode_item(seq, n):
+            decode.append(seq)
+        else:
+            rest.items.append((seq, n))
+    return decode, rest
 
 
 class ModelRunner:
