@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from fishserve.engine.busy_timer import BusyTimer
-from fishserve.engine.decode_step import graph_buckets
+from fishserve.engine.graph_decoder import graph_buckets
 from fishserve.models.firefly import FireflyConfig, FireflyGenerator
 from fishserve.models.fusion import gpu_fused
 

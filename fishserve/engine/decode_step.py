@@ -1,4 +1,4 @@
-"""The decode step with static shapes, and its CUDA-graph capture per batch-size bucket.
+"""The decode step with static shapes (captured in CUDA graphs by `graph_decoder`).
 
 A decode step (every running sequence adds one frame) is a fixed sequence of kernels for a
 given batch size, in two halves: (1) embed the last frames, run the slow transformer over one
@@ -6,15 +6,12 @@ position per sequence with paged attention and sample the token (over the top-k 
 `sample_prefiltered`); (2) run the fast transformer over the codebooks and sample them. Between
 the halves, the rows whose nucleus is not inside the top-k candidates (rare with a trained model)
 are resampled over the full vocabulary, eagerly and for those rows only, so every token is the
-one the full computation gives. `CudaGraphDecoder` captures each half once per bucket (1, 2, 4,
-8, 16, 32, ... up to the engine's `max_num_seqs`) at start-up and replays them, padding a batch
-to the next bucket; nothing is captured again while serving (`num_captures` counts buckets).
+one the full computation gives.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -101,32 +98,133 @@ class DecodeInputs:
 
 def build_decode_inputs(seqs: list[Sequence], block_size: int, max_blocks: int) -> DecodeInputs:
     """Host tensors of a decode step for `seqs` (each has its last frame pending)."""
-    b = len(seqs)
-    tables = np.zeros((b, max_blocks), dtype=np.int32)
-    positions = np.empty(b, dtype=np.int64)
-    for i, seq in enumerate(seqs):
+    return build_row_inputs([(seq, 1) for seq in seqs], block_size, max_blocks)[0]
+
+
+def _row_layout(items: list[tuple[Sequence, int]]) -> tuple[np.ndarray, list[Sequence]]:
+    """Order of the flattened positions: each sampler's last position first, then the rest.
+
+    Returns ``(order, samplers)``: int64 (R,) indices into the items' positions laid end to
+    end, and the sequences that sample a frame this step (their rows are the first S).
+    """
+    first, rest, samplers, r = [], [], [], 0
+    for seq, n in items:
+        if seq.num_computed + n == seq.num_positions:
+            first.append(r + n - 1)
+            rest.extend(range(r, r + n - 1))
+            samplers.append(seq)
+        else:
+            rest.extend(range(r, r + n))
+        r += n
+    return np.asarray(first + rest, dtype=np.int64), samplers
+
+
+def build_row_inputs(
+    items: list[tuple[Sequence, int]], block_size: int, max_blocks: int
+) -> tuple[DecodeInputs, list[Sequence]]:
+    """Host inputs of a step that runs every scheduled position as one row of a decode step.
+
+    A prefill chunk of n positions becomes n rows, each attending its own prefix through the
+    sequence's block table (the K/V of every row is written before any row attends), so new
+    prompts join the decoding batch's static path. Rows are ordered samplers first: the S
+    sequences that complete their pending positions sample from rows 0..S-1; the other rows
+    carry neutral sampling settings and their outputs are discarded.
+
+    Returns:
+        ``(inputs, samplers)``: DecodeInputs of R = sum(n) rows, and the S samplers in order.
+    """
+    order, samplers = _row_layout(items)
+    columns = torch.cat(
+        [seq.columns(seq.num_computed, seq.num_computed + n) for seq, n in items], 1
+    )
+    positions = np.concatenate([np.arange(s.num_computed, s.num_computed + n) for s, n in items])
+    owner = np.repeat(np.arange(len(items)), [n for _, n in items])
+    tables = np.zeros((len(items), max_blocks), dtype=np.int32)
+    for i, (seq, _) in enumerate(items):
         tables[i, : len(seq.block_table)] = seq.block_table
-        positions[i] = seq.num_computed
-    rows = np.arange(b)
+    positions, tables = positions[order], tables[owner[order]]
+    rows = np.arange(len(order))
     slots = tables[rows, positions // block_size].astype(np.int64) * block_size
     slots += positions % block_size
-
-    def col(values: list, dtype: torch.dtype) -> Tensor:
-        return torch.tensor(values, dtype=dtype)
-
-    return DecodeInputs(
-        columns=torch.stack([seq.frames[-1] for seq in seqs]),
+    pad, shape = len(order) - len(samplers), tuple(items[0][0].window.shape)
+    sampling = build_sampling_inputs(samplers, pad, shape)
+    inputs = DecodeInputs(
+        columns=columns.T[torch.from_numpy(order)].contiguous(),
         positions=torch.from_numpy(positions),
         slot_mapping=torch.from_numpy(slots),
         block_tables=torch.from_numpy(tables),
         context_lens=torch.from_numpy((positions + 1).astype(np.int32)),
-        temperature=col([s.params.temperature for s in seqs], torch.float32),
-        top_p=col([s.params.top_p for s in seqs], torch.float32),
-        penalty=col([s.params.repetition_penalty for s in seqs], torch.float32),
-        seeds=col([s.seed for s in seqs], torch.int64),
-        segments=col([s.segment for s in seqs], torch.int64),
-        frames=col([len(s.frames) for s in seqs], torch.int64),
-        windows=torch.stack([seq.window for seq in seqs]),
+        **{f.name: getattr(sampling, f.name) for f in fields(sampling)},
+    )
+    return inputs, samplers
+
+
+@dataclass
+class SamplingInputs:
+    """Host tensors of the sampling half of a step for S rows (see `DecodeInputs`).
+
+    Shapes: temperature, top_p, penalty (S,) float32; seeds, segments, frames (S,) int64;
+    windows (S, 1 + nc, 16) int64.
+    """
+
+    temperature: Tensor
+    top_p: Tensor
+    penalty: Tensor
+    seeds: Tensor
+    segments: Tensor
+    frames: Tensor
+    windows: Tensor
+
+    def copy_into_(self, inputs: DecodeInputs) -> None:
+        """Write these rows into the first S rows of `inputs`' sampling fields."""
+        n = self.seeds.shape[0]
+        for f in fields(self):
+            getattr(inputs, f.name)[:n].copy_(getattr(self, f.name), non_blocking=True)
+
+    def to(self, device: torch.device) -> tuple[BatchSampling, Tensor]:
+        """The device `BatchSampling` and windows (copied without synchronising)."""
+
+        def dev(t: Tensor) -> Tensor:
+            return t.to(device, non_blocking=True)
+
+        sampling = BatchSampling(
+            dev(self.temperature),
+            dev(self.top_p),
+            dev(self.penalty),
+            dev(self.seeds),
+            dev(self.segments),
+            dev(self.frames),
+        )
+        return sampling, dev(self.windows)
+
+
+def build_sampling_inputs(
+    seqs: list[Sequence], pad: int = 0, window_shape: tuple[int, ...] = ()
+) -> SamplingInputs:
+    """Host sampling tensors of `seqs`, each about to sample its next frame.
+
+    A sequence sampling the first frame of a segment (the prefill frame) uses no repetition
+    penalty (spec §5): its penalty is 1.0, which leaves the logits unchanged. `pad` more rows
+    get neutral settings (temperature, top_p and penalty 1, seed 0, an empty window of
+    `window_shape` (1 + nc, 16)): rows whose samples nobody reads.
+    """
+
+    def col(values: list, dtype: torch.dtype, neutral: float) -> Tensor:
+        return torch.tensor(values + [neutral] * pad, dtype=dtype)
+
+    windows = [seq.window[None] for seq in seqs]
+    if pad:
+        windows.append(torch.zeros(pad, *window_shape, dtype=torch.int64))
+    return SamplingInputs(
+        temperature=col([s.params.temperature for s in seqs], torch.float32, 1.0),
+        top_p=col([s.params.top_p for s in seqs], torch.float32, 1.0),
+        penalty=col(
+            [s.params.repetition_penalty if s.frames else 1.0 for s in seqs], torch.float32, 1.0
+        ),
+        seeds=col([s.seed for s in seqs], torch.int64, 0),
+        segments=col([s.segment for s in seqs], torch.int64, 0),
+        frames=col([len(s.frames) for s in seqs], torch.int64, 0),
+        windows=torch.cat(windows),
     )
 
 
@@ -211,103 +309,3 @@ def decode_step(
     step = decode_step_token(model, cache, inputs, use_triton, top_k_prefilter)
     resample_inexact_(model, step, inputs)
     return decode_step_codes(model, step, inputs)
-
-
-def graph_buckets(max_batch: int) -> list[int]:
-    """Captured batch sizes: powers of two below `max_batch`, then `max_batch`."""
-    sizes, b = [], 1
-    while b < max_batch:
-        sizes.append(b)
-        b *= 2
-    return [*sizes, max_batch]
-
-
-@dataclass
-class _Captured:
-    """The two graphs of one bucket and their static inputs and outputs."""
-
-    token_graph: torch.cuda.CUDAGraph
-    codes_graph: torch.cuda.CUDAGraph
-    inputs: DecodeInputs
-    step: TokenStep
-    frames: Tensor
-
-
-class CudaGraphDecoder:
-    """Decode steps replayed from CUDA graphs captured at start-up, one pair per batch bucket.
-
-    Attributes:
-        resampled_rows: rows resampled over the full vocabulary so far (prefilter misses).
-    """
-
-    def __init__(
-        self,
-        model: DualARTransformer,
-        cache: PagedKVCache,
-        max_batch: int,
-        max_blocks: int,
-        use_triton: bool,
-        top_k_prefilter: int = 0,
-    ) -> None:
-        self.model, self.cache, self.use_triton = model, cache, use_triton
-        self.top_k_prefilter = top_k_prefilter
-        self.device = model.embeddings.weight.device
-        self.buckets = graph_buckets(max_batch)
-        rows = model.config.num_codebooks + 1
-        self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[int, _Captured] = {}
-        self.resampled_rows = 0
-        self.neutral = {
-            b: DecodeInputs.empty(b, rows, max_blocks, self.device) for b in self.buckets
-        }
-        start = time.perf_counter()
-        for b in reversed(self.buckets):  # largest first: smaller graphs reuse its pool
-            inputs = DecodeInputs.empty(b, rows, max_blocks, self.device)
-            self.graphs[b] = self._capture(inputs)
-        self.num_captures = len(self.graphs)
-        log.info(
-            "captured %d decode CUDA graph pairs (batch %s) in %.1f s",
-            self.num_captures,
-            self.buckets,
-            time.perf_counter() - start,
-        )
-
-    def _token(self, inputs: DecodeInputs) -> TokenStep:
-        k = self.top_k_prefilter
-        return decode_step_token(self.model, self.cache, inputs, self.use_triton, k)
-
-    def _capture(self, inputs: DecodeInputs) -> _Captured:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.inference_mode():
-            for _ in range(2):  # warm-up: Triton compilation, cuBLAS workspaces
-                step = self._token(inputs)
-                decode_step_codes(self.model, step, inputs)
-        torch.cuda.current_stream().wait_stream(stream)
-        token_graph, codes_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.inference_mode():
-            with torch.cuda.graph(token_graph, pool=self.pool):
-                step = self._token(inputs)
-            with torch.cuda.graph(codes_graph, pool=self.pool):
-                frames = decode_step_codes(self.model, step, inputs)
-        return _Captured(token_graph, codes_graph, inputs, step, frames)
-
-    @property
-    def max_batch(self) -> int:
-        """Largest captured batch."""
-        return self.buckets[-1]
-
-    def run(self, host: DecodeInputs) -> Tensor:
-        """Replay the smallest graphs that hold `host`'s B rows; frames (B, 1 + nc) on device."""
-        b = host.columns.shape[0]
-        bucket = next(size for size in self.buckets if size >= b)
-        captured = self.graphs[bucket]
-        if bucket > b:  # padded rows: back to neutral values
-            captured.inputs.copy_rows_(self.neutral[bucket], start=b)
-        captured.inputs.copy_rows_(host)
-        captured.token_graph.replay()
-        with torch.inference_mode():
-            step, inputs = captured.step, captured.inputs
-            self.resampled_rows += resample_inexact_(self.model, step, inputs, live=b)
-        captured.codes_graph.replay()
-        return captured.frames[:b]

@@ -54,6 +54,9 @@ class EngineConfig:
         top_k_prefilter: the slow token's top-p looks at the k most likely ids first and falls
             back to a full sort only for rows whose nucleus is not inside them (exact either
             way; `fishserve.engine.sampling.sample_prefiltered`); 0 always sorts.
+        static_prefill_tokens: prompt positions per step that run as extra rows of the static
+            decode step (CUDA graphs), each row attending its own prefix; a step whose
+            positions exceed max_num_seqs + this runs its prefill chunks eagerly instead.
     """
 
     kv_cache_dtype: str = "auto"
@@ -67,6 +70,7 @@ class EngineConfig:
     enforce_eager: bool = False
     static_decode: bool = False
     top_k_prefilter: int = 1024
+    static_prefill_tokens: int = 256
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,7 @@ class LLMEngine:
             config.enforce_eager,
             config.static_decode,
             config.top_k_prefilter,
+            config.static_prefill_tokens,
         )
         self.sequences: dict[str, Sequence] = {}
         self.frames_generated = 0
@@ -191,10 +196,11 @@ class LLMEngine:
     def _activation_bytes(self) -> int:
         """Measured on CUDA (a dummy largest step), an analytic estimate elsewhere."""
         cfg = self.config
+        rows = cfg.max_num_seqs + cfg.static_prefill_tokens  # largest static step samples them
         estimate = estimate_activation_bytes(
             self.model.config,
             cfg.max_num_batched_tokens,
-            cfg.max_num_seqs,
+            rows,
             self.model.embeddings.weight.dtype,
         )
         if self.device.type != "cuda":
@@ -202,7 +208,7 @@ class LLMEngine:
         kv = resolve_kv_dtype(cfg.kv_cache_dtype, self.model.embeddings.weight.dtype)
         try:
             measured = profile_activation_bytes(
-                self.model, cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.block_size, kv
+                self.model, cfg.max_num_batched_tokens, rows, cfg.block_size, kv
             )
         except torch.cuda.OutOfMemoryError:
             raise

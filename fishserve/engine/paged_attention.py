@@ -29,6 +29,8 @@ class AttentionMetadata:
         context_lens: int64 (B,) positions in the cache after this step (old + new).
         block_tables: int64 (B, max_blocks) block ids, padded with 0.
         block_size: positions per block.
+        max_query, max_context: the largest query length and context length, when the host
+            knows them (no device read-back then); None: read from the tensors (synchronises).
     """
 
     slot_mapping: Tensor
@@ -36,6 +38,8 @@ class AttentionMetadata:
     context_lens: Tensor
     block_tables: Tensor
     block_size: int
+    max_query: int | None = None
+    max_context: int | None = None
 
     @property
     def query_lens(self) -> Tensor:
@@ -58,10 +62,11 @@ class TorchPagedAttention:
     def __init__(self, cache: PagedKVCache, meta: AttentionMetadata) -> None:
         self.cache = cache
         self.meta = meta
-        self.max_query = int(meta.query_lens.max())
-        self.max_context = int(meta.context_lens.max())
+        self.max_query = meta.max_query or int(meta.query_lens.max())
+        self.max_context = meta.max_context or int(meta.context_lens.max())
         self.slots = context_slots(meta, self.max_context)
         self._index, self._valid = self._padding_index()
+        self._real = self._valid.flatten().nonzero()[:, 0]  # one host sync per step, not layer
         self.mask = self._mask()
 
     def _padding_index(self) -> tuple[Tensor, Tensor]:
@@ -94,4 +99,4 @@ class TorchPagedAttention:
             self.mask,
             causal=False,
         ).transpose(1, 2)  # (B, Q, H, Dh)
-        return out[self._valid][None]
+        return out.flatten(0, 1)[self._real][None]

@@ -8,20 +8,50 @@ sequence that completes its pending positions gives logits and a hidden state, a
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from fishserve.engine.busy_timer import BusyTimer
-from fishserve.engine.decode_step import CudaGraphDecoder, build_decode_inputs, decode_step
+from fishserve.engine.decode_step import (
+    build_row_inputs,
+    build_sampling_inputs,
+    decode_step_codes,
+    decode_step_token,
+    resample_inexact_,
+)
 from fishserve.engine.frame import BatchSampling, sample_frame
+from fishserve.engine.graph_decoder import CudaGraphDecoder, DecodeLaunch
 from fishserve.engine.kv_cache import PagedKVCache
 from fishserve.engine.paged_attention import AttentionMetadata, TorchPagedAttention
 from fishserve.engine.scheduler import ScheduledBatch
 from fishserve.engine.sequence import Sequence
 from fishserve.engine.triton_attention import triton_available
 from fishserve.models.dual_ar import DualARTransformer
+
+
+@dataclass
+class PrefillOutput:
+    """The general path's queued slow pass: sampling sequences and their hidden states.
+
+    Attributes:
+        samplers: the S sequences that sample a frame this step.
+        hidden: (S, D) slow pre-norm hidden state of each one's last position (device).
+    """
+
+    samplers: list[Sequence]
+    hidden: Tensor
+
+
+@dataclass
+class RowsLaunch:
+    """A static step whose first half is queued: its samplers (rows 0..S-1) and the launch."""
+
+    samplers: list[Sequence]
+    launched: DecodeLaunch
 
 
 @dataclass
@@ -43,14 +73,23 @@ class StepInputs:
     samplers: list[Sequence]
 
 
+def _to(t: Tensor, device: torch.device) -> Tensor:
+    """Copy a host tensor to `device` without waiting for the device's queued work."""
+    return t.to(device, non_blocking=True)
+
+
 def build_inputs(batch: ScheduledBatch, block_size: int, device: torch.device) -> StepInputs:
-    """Flatten the scheduled positions and build slot mapping and block tables."""
+    """Flatten the scheduled positions and build slot mapping and block tables.
+
+    Everything is computed on the host and copied without synchronising, so building the
+    inputs does not wait for the device to finish earlier work (a replayed decode graph).
+    """
     columns, positions, slots, starts, contexts, tables = [], [], [], [0], [], []
     sample_rows, samplers = [], []
     for seq, n in batch.items:
         start = seq.num_computed
-        pos = torch.arange(start, start + n)
-        table = torch.tensor(seq.block_table, dtype=torch.int64)
+        pos = np.arange(start, start + n)
+        table = np.asarray(seq.block_table, dtype=np.int64)
         columns.append(seq.columns(start, start + n))
         positions.append(pos)
         slots.append(table[pos // block_size] * block_size + pos % block_size)
@@ -60,50 +99,33 @@ def build_inputs(batch: ScheduledBatch, block_size: int, device: torch.device) -
         if start + n == seq.num_positions:
             sample_rows.append(starts[-1] - 1)
             samplers.append(seq)
-    width = max(len(t) for t in tables)
-    padded = torch.zeros(len(tables), width, dtype=torch.int64)
+    padded = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int64)
     for i, t in enumerate(tables):
         padded[i, : len(t)] = t
     meta = AttentionMetadata(
-        slot_mapping=torch.cat(slots).to(device),
-        query_start=torch.tensor(starts, device=device),
-        context_lens=torch.tensor(contexts, device=device),
-        block_tables=padded.to(device),
+        slot_mapping=_to(torch.from_numpy(np.concatenate(slots)), device),
+        query_start=_to(torch.tensor(starts), device),
+        context_lens=_to(torch.tensor(contexts), device),
+        block_tables=_to(torch.from_numpy(padded), device),
         block_size=block_size,
+        max_query=max(b - a for a, b in itertools.pairwise(starts)),
+        max_context=max(contexts),
     )
     return StepInputs(
-        columns=torch.cat(columns, dim=1)[None].to(device),
-        positions=torch.cat(positions).to(device),
+        columns=_to(torch.cat(columns, dim=1)[None], device),
+        positions=_to(torch.from_numpy(np.concatenate(positions)), device),
         meta=meta,
-        sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=device),
+        sample_rows=_to(torch.tensor(sample_rows, dtype=torch.int64), device),
         samplers=samplers,
     )
 
 
 def batch_sampling(seqs: list[Sequence], device: torch.device) -> tuple[BatchSampling, Tensor]:
-    """Per-row sampling tensors and repetition windows (S, 1 + nc, 16) for `seqs`.
+    """Per-row sampling tensors and repetition windows (S, 1 + nc, 16) of `seqs` on `device`.
 
-    A sequence sampling its first frame of a segment (the prefill frame) uses no penalty
-    (spec §5): its penalty is set to 1.0, which leaves logits unchanged.
+    See `build_sampling_inputs` (the prefill frame uses no penalty); copied without a sync.
     """
-
-    def col(values: list, dtype: torch.dtype) -> Tensor:
-        return torch.tensor(values, dtype=dtype, device=device)
-
-    first = [len(s.frames) == 0 for s in seqs]
-    sampling = BatchSampling(
-        temperature=col([s.params.temperature for s in seqs], torch.float32),
-        top_p=col([s.params.top_p for s in seqs], torch.float32),
-        penalty=col(
-            [1.0 if f else s.params.repetition_penalty for s, f in zip(seqs, first, strict=True)],
-            torch.float32,
-        ),
-        seeds=col([s.seed for s in seqs], torch.int64),
-        segments=col([s.segment for s in seqs], torch.int64),
-        frames=col([len(s.frames) for s in seqs], torch.int64),
-    )
-    windows = torch.stack([s.window for s in seqs]).to(device)
-    return sampling, windows
+    return build_sampling_inputs(seqs).to(device)
 
 
 def is_decode_item(seq: Sequence, n: int) -> bool:
@@ -133,13 +155,18 @@ class ModelRunner:
 
     Decoding sequences take the static-shape path (`decode_step`): on CUDA through the fused
     Triton attention, replayed from CUDA graphs unless `enforce_eager`. Sequences with prefill
-    positions in the same step take the general path (`TorchPagedAttention`) in a second pass.
+    positions in the same step take the general path (`TorchPagedAttention`) for their slow
+    pass; those that finish their prompt sample their first frame through the captured frame
+    head (`CudaGraphDecoder.run_head`), so only the prompt's slow pass runs eagerly.
 
     Attributes:
         busy_seconds: time the device spent on this runner's steps (see `execute`).
 
     Args:
         max_batch: largest decode batch (the engine's `max_num_seqs`).
+        static_prefill_tokens: prompt positions a step may add to its decode rows and still run
+            every position as a row of one static step (captured up to max_batch + this); a
+            step with more runs its prefill chunks on the general path.
         static_decode: use the static decode path on CPU too (tests); always on for CUDA.
         top_k_prefilter: candidates for the slow token's top-p (`sample_prefiltered`); 0: a
             full sort. Rows it cannot decide are resampled exactly.
@@ -153,6 +180,7 @@ class ModelRunner:
         enforce_eager: bool = False,
         static_decode: bool = False,
         top_k_prefilter: int = 0,
+        static_prefill_tokens: int = 0,
     ) -> None:
         self.model = model
         self.cache = cache
@@ -163,10 +191,11 @@ class ModelRunner:
         self.max_blocks = -(-model.config.max_seq_len // cache.layout.block_size)
         self.top_k_prefilter = top_k_prefilter
         self.busy = BusyTimer(self.device)
+        self.max_rows = max_batch + static_prefill_tokens
         self.graphs: CudaGraphDecoder | None = None
         if on_gpu and not enforce_eager:
             self.graphs = CudaGraphDecoder(
-                model, cache, max_batch, self.max_blocks, self.use_triton, top_k_prefilter
+                model, cache, self.max_rows, self.max_blocks, self.use_triton, top_k_prefilter
             )
 
     @property
@@ -191,36 +220,80 @@ class ModelRunner:
 
     def _execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, Tensor]]:
         if not self.static_decode:
-            return self._execute_general(batch)
+            return self._finish(self._sample_general(self._prefill(batch)))
+        if batch.num_tokens <= self.max_rows:  # every position a row of one static step
+            return self._finish([self._finish_rows(self._launch_rows(batch.items))])
         decode, other = split_decode(batch)
-        results = self._execute_decode(decode) if decode else []
-        if other.items:  # prefill chunks: the general path, for those sequences only
-            results += self._execute_general(other)
-        return results
+        # Launch order: the decode rows' first half (a graph replay: the device is busy) before
+        # the prefill rows' eager kernels are queued, and no host sync in between, so the
+        # host's kernel launches for the prefill overlap the decode work on the device.
+        launched = self._launch_rows([(seq, 1) for seq in decode]) if decode else None
+        prefill = self._prefill(other) if other.items else None
+        outputs: list[tuple[list[Sequence], Tensor]] = []
+        if launched is not None:
+            outputs.append(self._finish_rows(launched))
+        if prefill is not None and prefill.samplers:
+            outputs.append(self._sample_prefill(prefill))
+        return self._finish(outputs)
 
-    def _execute_general(self, batch: ScheduledBatch) -> list[tuple[Sequence, Tensor]]:
+    @staticmethod
+    def _finish(outputs: list[tuple[list[Sequence], Tensor]]) -> list[tuple[Sequence, Tensor]]:
+        """One device-to-host copy of every sampled frame; (sequence, frame) pairs."""
+        if not outputs:
+            return []
+        frames = torch.cat([f for _, f in outputs]).cpu()
+        seqs = [seq for group, _ in outputs for seq in group]
+        return list(zip(seqs, frames, strict=True))
+
+    def _prefill(self, batch: ScheduledBatch) -> PrefillOutput:
+        """Queue the slow transformer over the batch's new positions (general path)."""
         inputs = build_inputs(batch, self.cache.layout.block_size, self.device)
         attn = TorchPagedAttention(self.cache, inputs.meta)
         model = self.model
         hidden = model.forward_slow(model.embed(inputs.columns), inputs.positions, attn)
         for seq, n in batch.items:
             seq.num_computed += n
-        if not inputs.samplers:
+        last = hidden[0, inputs.sample_rows] if inputs.samplers else hidden[0, :0]
+        return PrefillOutput(inputs.samplers, last)
+
+    def _sample_general(self, prefill: PrefillOutput) -> list[tuple[list[Sequence], Tensor]]:
+        """Frames of the sampling rows, eagerly."""
+        if not prefill.samplers:
             return []
-        last = hidden[0, inputs.sample_rows]  # (S, D)
-        sampling, windows = batch_sampling(inputs.samplers, self.device)
+        sampling, windows = batch_sampling(prefill.samplers, self.device)
+        model, last = self.model, prefill.hidden
         logits = model.slow_logits(last)
         frames = sample_frame(model, last, logits, sampling, windows, self.top_k_prefilter)
-        return list(zip(inputs.samplers, frames.cpu(), strict=True))
+        return [(prefill.samplers, frames)]
 
-    def _execute_decode(self, seqs: list[Sequence]) -> list[tuple[Sequence, Tensor]]:
-        host = build_decode_inputs(seqs, self.cache.layout.block_size, self.max_blocks)
-        if self.graphs is not None and len(seqs) <= self.graphs.max_batch:
-            frames = self.graphs.run(host)
+    def _sample_prefill(self, prefill: PrefillOutput) -> tuple[list[Sequence], Tensor]:
+        """Frames of the prefill rows: the captured frame head when it fits, else eagerly."""
+        graphs, seqs = self.graphs, prefill.samplers
+        if graphs is None or len(seqs) > graphs.max_batch:
+            return self._sample_general(prefill)[0]
+        host = build_sampling_inputs(seqs)
+        return seqs, graphs.run_head(prefill.hidden, host)
+
+    def _launch_rows(self, items: list[tuple[Sequence, int]]) -> RowsLaunch:
+        """Queue the first half of a static step with one row per scheduled position."""
+        host, samplers = build_row_inputs(items, self.cache.layout.block_size, self.max_blocks)
+        rows, live = host.columns.shape[0], len(samplers)
+        if self.graphs is not None and rows <= self.graphs.max_batch:
+            launched = self.graphs.launch(host, live)
         else:
             inputs = host.to(self.device)
             k = self.top_k_prefilter
-            frames = decode_step(self.model, self.cache, inputs, self.use_triton, k)
-        for seq in seqs:
-            seq.num_computed += 1
-        return list(zip(seqs, frames.cpu(), strict=True))
+            step = decode_step_token(self.model, self.cache, inputs, self.use_triton, k)
+            launched = DecodeLaunch(step, inputs, live)
+        for seq, n in items:
+            seq.num_computed += n
+        return RowsLaunch(samplers, launched)
+
+    def _finish_rows(self, rows: RowsLaunch) -> tuple[list[Sequence], Tensor]:
+        """Resample the inexact rows (host sync), run the second half; the samplers' frames."""
+        launched = rows.launched
+        if launched.captured is not None and self.graphs is not None:
+            return rows.samplers, self.graphs.finish(launched)
+        resample_inexact_(self.model, launched.step, launched.inputs, launched.live)
+        frames = decode_step_codes(self.model, launched.step, launched.inputs)
+        return rows.samplers, frames[: launched.live]

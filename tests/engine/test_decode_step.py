@@ -13,7 +13,8 @@ import torch
 from conftest import load_tiny_model, make_engine, run_engine
 from test_engine import sampled_requests
 
-from fishserve.engine.decode_step import graph_buckets
+from fishserve.engine.graph_decoder import graph_buckets
+from fishserve.engine.runner import is_decode_item
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 CUDA = torch.cuda.is_available()
@@ -27,29 +28,74 @@ def test_static_decode_path_equals_the_general_path(tiny_model, tiny_tokenizer):
         assert torch.equal(static[rid][0], codes), rid
 
 
-def test_mixed_steps_run_decode_rows_on_the_static_path(tiny_model, tiny_tokenizer):
-    """Requests arriving while others decode: the decoding rows still take the static path,
-    only the prefill chunks the general one; codes equal an all-at-once general run."""
-    requests = sampled_requests(4)
-    general = run_engine(make_engine(tiny_model, tiny_tokenizer), requests)
-    engine = make_engine(tiny_model, tiny_tokenizer, static_decode=True)
-    runner, paths = engine.runner, []  # per call: ("static" | "general", rows)
-    static, general_path = runner._execute_decode, runner._execute_general
-    runner._execute_decode = lambda seqs: paths.append(("static", len(seqs))) or static(seqs)
-    runner._execute_general = lambda b: paths.append(("general", len(b.items))) or general_path(b)
+def run_staggered(engine, requests) -> tuple[dict[str, torch.Tensor], list[set[str]]]:
+    """One new request per step (its prompt joins a decoding batch). Returns codes per request
+    and, per step, the paths its positions took: "decode" / "prompt" rows of the static step,
+    "general" for prefill chunks on the general path."""
+    runner, paths = engine.runner, set()
+    static, general_path = runner._launch_rows, runner._prefill
+
+    def launch_rows(items):
+        paths.update("decode" if is_decode_item(seq, n) else "prompt" for seq, n in items)
+        return static(items)
+
+    runner._launch_rows = launch_rows
+    runner._prefill = lambda b: paths.add("general") or general_path(b)
     frames: dict[str, list[torch.Tensor]] = {r.request_id: [] for r in requests}
-    pending, mixed_steps = list(requests), 0
+    pending, steps = list(requests), []
     while pending or engine.has_work():
-        if pending:  # one new request per step: its prefill joins a decoding batch
+        if pending:
             engine.add_request(pending.pop(0))
         paths.clear()
         for event in engine.step():
             if event.codes is not None:
-                frames[event.request_id].append(event.codes)
-        mixed_steps += {name for name, _ in paths} == {"static", "general"}
-    assert mixed_steps >= 2
+                frames[event.request_id].append(event.codes.cpu())
+        steps.append(set(paths))
+    return {rid: torch.stack(f, 1) for rid, f in frames.items()}, steps
+
+
+def test_prompts_join_the_static_decode_step(tiny_model, tiny_tokenizer):
+    """Requests arriving while others decode: the new prompts' positions run as extra rows of
+    the static step (no general path at all); codes equal an all-at-once general run."""
+    requests = sampled_requests(4)
+    general = run_engine(make_engine(tiny_model, tiny_tokenizer), requests)
+    engine = make_engine(tiny_model, tiny_tokenizer, static_decode=True)
+    staggered, steps = run_staggered(engine, requests)
+    assert sum(paths == {"decode", "prompt"} for paths in steps) >= 2
+    assert not any("general" in paths for paths in steps)
     for rid, (codes, _) in general.items():
-        assert torch.equal(torch.stack(frames[rid], 1), codes), rid
+        assert torch.equal(staggered[rid], codes), rid
+
+
+def test_prompts_too_long_for_the_static_step_take_the_general_path(tiny_model, tiny_tokenizer):
+    """With no room for prompt rows, mixed steps run decode rows on the static path and only
+    the prefill chunks on the general one; codes still equal the general run."""
+    requests = sampled_requests(4)
+    general = run_engine(make_engine(tiny_model, tiny_tokenizer), requests)
+    engine = make_engine(tiny_model, tiny_tokenizer, static_decode=True, static_prefill_tokens=0)
+    staggered, steps = run_staggered(engine, requests)
+    assert sum(paths == {"decode", "general"} for paths in steps) >= 2
+    for rid, (codes, _) in general.items():
+        assert torch.equal(staggered[rid], codes), rid
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("static_prefill_tokens", [256, 0])
+def test_gpu_mixed_steps_with_graphs_equal_cpu(tiny_tokenizer, static_prefill_tokens):
+    """On CUDA graphs, steps mixing decode rows and new prompts (as rows of the captured step,
+    or eagerly with the frame head graph) give codes that agree with the CPU general path."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    requests = sampled_requests(4)
+    general = run_engine(make_engine(load_tiny_model(), tiny_tokenizer), requests)
+    model = load_tiny_model().cuda()
+    engine = make_engine(model, tiny_tokenizer, static_prefill_tokens=static_prefill_tokens)
+    assert engine.runner.graphs is not None
+    staggered, steps = run_staggered(engine, requests)
+    mixed = {"decode", "prompt"} if static_prefill_tokens else {"decode", "general"}
+    assert sum(paths == mixed for paths in steps) >= 2
+    agree = [torch.equal(staggered[rid], codes) for rid, (codes, _) in general.items()]
+    assert sum(agree) >= 3, agree  # fp32 GPU kernels round differently; near-ties may flip
 
 
 def test_graph_buckets():
@@ -146,7 +192,7 @@ def test_gpu_engine_equals_cpu_engine_in_fp32(tiny_model, tiny_tokenizer, eager)
     gpu = run_engine(engine, sampled_requests(4))
     agree = [torch.equal(gpu[rid][0], codes) for rid, (codes, _) in cpu.items()]
     assert sum(agree) >= 3, agree  # fp32 GPU kernels round differently; near-ties may flip
-    assert engine.runner.num_captures == (0 if eager else len(graph_buckets(8)))
+    assert engine.runner.num_captures == (0 if eager else len(graph_buckets(8 + 256)))
 
 
 def test_profiling_dummy_step_runs_on_cpu(tiny_model):

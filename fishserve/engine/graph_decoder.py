@@ -1,0 +1,213 @@
+"""CUDA graphs of the decode step and of the frame head, one set per batch-size bucket.
+
+`CudaGraphDecoder` captures, once per bucket (1, 2, 4, 8, ... up to the engine's
+`max_num_seqs`) at start-up:
+
+* the token graph: the first half of a decode step (`decode_step_token`: embed the last frames,
+  slow transformer over one position per sequence, token sampling over the top-k candidates);
+* the head graph: token sampling from hidden states given by the caller (the last positions of
+  prefill chunks, computed on the general path);
+* the codes graph: the second half (`decode_step_codes`: fast transformer over the codebooks).
+
+A decode step replays token + codes; the rows finishing a prefill replay head + codes, so a
+step that admits a new prompt runs only the prompt's slow pass eagerly. Between the halves, the
+rows the top-k prefilter could not decide are resampled over the full vocabulary
+(`resample_inexact_`), eagerly and for those rows only. A batch is padded to the next bucket
+with neutral rows (null block, context 1); nothing is captured while serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from fishserve.engine.decode_step import (
+    DecodeInputs,
+    SamplingInputs,
+    TokenStep,
+    decode_step_codes,
+    decode_step_token,
+    resample_inexact_,
+    sampling_of,
+)
+from fishserve.engine.frame import sample_token
+from fishserve.engine.kv_cache import PagedKVCache
+from fishserve.models.dual_ar import DualARTransformer
+
+log = logging.getLogger(__name__)
+
+
+def graph_buckets(max_batch: int) -> list[int]:
+    """Captured batch sizes: powers of two below `max_batch`, then `max_batch`."""
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 2
+    return [*sizes, max_batch]
+
+
+@dataclass
+class _Captured:
+    """The graphs of one bucket and their static inputs and outputs."""
+
+    token_graph: torch.cuda.CUDAGraph
+    head_graph: torch.cuda.CUDAGraph
+    codes_graph: torch.cuda.CUDAGraph
+    inputs: DecodeInputs
+    step: TokenStep
+    frames: Tensor
+
+
+@dataclass
+class DecodeLaunch:
+    """A decode step whose first half is queued on the device (see `CudaGraphDecoder.launch`).
+
+    Attributes:
+        step: the first half's outputs (device tensors; static ones when captured).
+        inputs: the step's device inputs.
+        live: rows whose frames are wanted (the first `live` of `step` and `inputs`; the
+            rest are prompt positions without a sample, or padding).
+        captured: the bucket's graphs when replayed from them, else None (eager).
+    """
+
+    step: TokenStep
+    inputs: DecodeInputs
+    live: int
+    captured: _Captured | None = None
+
+
+def _head(model: DualARTransformer, step: TokenStep, inputs: DecodeInputs, k: int) -> None:
+    """Token sampling from `step.hidden`, written into `step.token` and `step.exact`."""
+    logits = model.slow_logits(step.hidden)
+    token, exact = sample_token(logits, sampling_of(inputs), inputs.windows[:, 0], k)
+    step.token.copy_(token)
+    if exact is not None and step.exact is not None:
+        step.exact.copy_(exact)
+
+
+class CudaGraphDecoder:
+    """Decode steps and frame heads replayed from CUDA graphs captured at start-up.
+
+    Attributes:
+        resampled_rows: rows resampled over the full vocabulary so far (prefilter misses).
+        num_captures: buckets captured (three graphs each).
+    """
+
+    def __init__(
+        self,
+        model: DualARTransformer,
+        cache: PagedKVCache,
+        max_batch: int,
+        max_blocks: int,
+        use_triton: bool,
+        top_k_prefilter: int = 0,
+    ) -> None:
+        self.model, self.cache, self.use_triton = model, cache, use_triton
+        self.top_k_prefilter = top_k_prefilter
+        self.device = model.embeddings.weight.device
+        self.buckets = graph_buckets(max_batch)
+        rows = model.config.num_codebooks + 1
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[int, _Captured] = {}
+        self.resampled_rows = 0
+        self.neutral = {
+            b: DecodeInputs.empty(b, rows, max_blocks, self.device) for b in self.buckets
+        }
+        start = time.perf_counter()
+        for b in reversed(self.buckets):  # largest first: smaller graphs reuse its pool
+            inputs = DecodeInputs.empty(b, rows, max_blocks, self.device)
+            self.graphs[b] = self._capture(inputs)
+        self.num_captures = len(self.graphs)
+        log.info(
+            "captured %d decode CUDA graph sets (batch %s) in %.1f s",
+            self.num_captures,
+            self.buckets,
+            time.perf_counter() - start,
+        )
+
+    def _token(self, inputs: DecodeInputs) -> TokenStep:
+        k = self.top_k_prefilter
+        return decode_step_token(self.model, self.cache, inputs, self.use_triton, k)
+
+    def _capture(self, inputs: DecodeInputs) -> _Captured:
+        model, k = self.model, self.top_k_prefilter
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(2):  # warm-up: Triton compilation, cuBLAS workspaces
+                step = self._token(inputs)
+                _head(model, step, inputs, k)
+                decode_step_codes(model, step, inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        graphs = [torch.cuda.CUDAGraph() for _ in range(3)]
+        with torch.inference_mode():
+            with torch.cuda.graph(graphs[0], pool=self.pool):
+                step = self._token(inputs)
+            with torch.cuda.graph(graphs[1], pool=self.pool):
+                _head(model, step, inputs, k)
+            with torch.cuda.graph(graphs[2], pool=self.pool):
+                frames = decode_step_codes(model, step, inputs)
+        return _Captured(*graphs, inputs, step, frames)
+
+    @property
+    def max_batch(self) -> int:
+        """Largest captured batch."""
+        return self.buckets[-1]
+
+    def _bucket(self, b: int) -> _Captured:
+        """The smallest bucket holding b rows, its padded rows reset to neutral values."""
+        bucket = next(size for size in self.buckets if size >= b)
+        captured = self.graphs[bucket]
+        if bucket > b:
+            captured.inputs.copy_rows_(self.neutral[bucket], start=b)
+        return captured
+
+    def launch(self, host: DecodeInputs, live: int | None = None) -> DecodeLaunch:
+        """Queue the token graph for `host`'s R rows (no host sync); finish with `finish`.
+
+        `live`: the first rows whose frames are wanted (default all R).
+        """
+        b = host.columns.shape[0]
+        captured = self._bucket(b)
+        captured.inputs.copy_rows_(host)
+        captured.token_graph.replay()
+        return DecodeLaunch(captured.step, captured.inputs, b if live is None else live, captured)
+
+    def finish(self, launched: DecodeLaunch) -> Tensor:
+        """Resample inexact rows (host sync), replay the codes graph; frames (live, 1 + nc).
+
+        Returns a copy, so the bucket's graphs can be replayed again at once.
+        """
+        captured = launched.captured
+        if captured is None:
+            raise ValueError("finish() takes a launch from this decoder's graphs")
+        with torch.inference_mode():
+            step, inputs, live = captured.step, captured.inputs, launched.live
+            self.resampled_rows += resample_inexact_(self.model, step, inputs, live)
+        captured.codes_graph.replay()
+        return captured.frames[: launched.live].clone()
+
+    def run(self, host: DecodeInputs) -> Tensor:
+        """A whole decode step for `host`'s B rows; frames int64 (B, 1 + nc) on device."""
+        return self.finish(self.launch(host))
+
+    def run_head(self, hidden: Tensor, sampling: SamplingInputs) -> Tensor:
+        """Frames of S rows from their slow hidden states (the rows finishing a prefill).
+
+        Args:
+            hidden: (S, D) slow pre-norm hidden states, on the device, in the model's dtype.
+            sampling: the rows' host sampling settings and repetition windows.
+
+        Returns:
+            int64 (S, 1 + nc) frames on the device (a copy); S must be <= `max_batch`.
+        """
+        s = hidden.shape[0]
+        captured = self._bucket(s)
+        sampling.copy_into_(captured.inputs)
+        captured.step.hidden[:s].copy_(hidden)
+        captured.head_graph.replay()
+        return self.finish(DecodeLaunch(captured.step, captured.inputs, s, captured))
