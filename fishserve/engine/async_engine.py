@@ -59,6 +59,21 @@ class RequestStream:
             raise RuntimeError("this stream was created without an event loop")
         self._async.put_nowait(event)
 
+    def ready(self) -> list[EngineEvent]:
+        """The events already delivered to an async stream, without waiting (maybe none).
+
+        Lets a consumer that just awaited one event take the rest of a step's backlog at once
+        (one audio push for many frames) instead of one await per frame.
+        """
+        if self._async is None:
+            raise RuntimeError("this stream was created without an event loop")
+        events = []
+        while not self._async.empty():
+            events.append(self._async.get_nowait())
+            if events[-1].finished:
+                break
+        return events
+
     def __iter__(self) -> Iterator[EngineEvent]:
         while True:
             event = self._sync.get()

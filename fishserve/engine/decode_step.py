@@ -82,12 +82,12 @@ class DecodeInputs:
             windows=t((batch, num_rows, REPETITION_WINDOW), i64),
         )
 
-    def copy_rows_(self, other: DecodeInputs, start: int = 0) -> None:
-        """Copy `other`'s rows from `start` on into the same rows of self."""
-        n = other.columns.shape[0]
+    def copy_rows_(self, other: DecodeInputs, start: int = 0, stop: int | None = None) -> None:
+        """Copy `other`'s rows [start, stop) (default: to its end) into the same rows of self."""
+        n = other.columns.shape[0] if stop is None else stop
         for f in fields(self):
             dst, src = getattr(self, f.name), getattr(other, f.name)
-            dst[start:n].copy_(src[start:], non_blocking=True)
+            dst[start:n].copy_(src[start:n], non_blocking=True)
 
     def to(self, device: torch.device) -> DecodeInputs:
         """A copy on `device` (pinned host memory makes the copy asynchronous)."""
@@ -134,8 +134,8 @@ def build_row_inputs(
         ``(inputs, samplers)``: DecodeInputs of R = sum(n) rows, and the S samplers in order.
     """
     order, samplers = _row_layout(items)
-    columns = torch.cat(
-        [seq.columns(seq.num_computed, seq.num_computed + n) for seq, n in items], 1
+    columns = np.concatenate(
+        [q.columns_np(q.num_computed, q.num_computed + n) for q, n in items], 1
     )
     positions = np.concatenate([np.arange(s.num_computed, s.num_computed + n) for s, n in items])
     owner = np.repeat(np.arange(len(items)), [n for _, n in items])
@@ -149,7 +149,7 @@ def build_row_inputs(
     pad, shape = len(order) - len(samplers), tuple(items[0][0].window.shape)
     sampling = build_sampling_inputs(samplers, pad, shape)
     inputs = DecodeInputs(
-        columns=columns.T[torch.from_numpy(order)].contiguous(),
+        columns=torch.from_numpy(np.ascontiguousarray(columns.T[order])),
         positions=torch.from_numpy(positions),
         slot_mapping=torch.from_numpy(slots),
         block_tables=torch.from_numpy(tables),
@@ -212,9 +212,9 @@ def build_sampling_inputs(
     def col(values: list, dtype: torch.dtype, neutral: float) -> Tensor:
         return torch.tensor(values + [neutral] * pad, dtype=dtype)
 
-    windows = [seq.window[None] for seq in seqs]
+    windows = [seq.window.numpy() for seq in seqs]
     if pad:
-        windows.append(torch.zeros(pad, *window_shape, dtype=torch.int64))
+        windows.extend([np.zeros(window_shape, dtype=np.int64)] * pad)
     return SamplingInputs(
         temperature=col([s.params.temperature for s in seqs], torch.float32, 1.0),
         top_p=col([s.params.top_p for s in seqs], torch.float32, 1.0),
@@ -224,7 +224,7 @@ def build_sampling_inputs(
         seeds=col([s.seed for s in seqs], torch.int64, 0),
         segments=col([s.segment for s in seqs], torch.int64, 0),
         frames=col([len(s.frames) for s in seqs], torch.int64, 0),
-        windows=torch.cat(windows),
+        windows=torch.from_numpy(np.stack(windows)),
     )
 
 

@@ -335,10 +335,12 @@ class LLMEngine:
         seq.add_frame(frame)
         self.frames_generated += 1
         index = len(seq.frames) - 1
+        row = frame.numpy()  # NumPy views: no PyTorch operation per frame (see `Sequence`)
         events = []
         if index >= 1:  # the first frame of a segment is not audio (spec §6.2)
-            events.append(EngineEvent(seq.request_id, codes=frame[1:], segment=seq.segment))
-        stop = index >= 1 and int(frame[0]) == self.tokenizer.im_end_id and not seq.ignore_eos
+            codes = torch.from_numpy(row[1:])
+            events.append(EngineEvent(seq.request_id, codes=codes, segment=seq.segment))
+        stop = index >= 1 and int(row[0]) == self.tokenizer.im_end_id and not seq.ignore_eos
         if stop or len(seq.frames) >= seq.budget:
             events.append(self._end_segment(seq))
         return [e for e in events if e is not None]

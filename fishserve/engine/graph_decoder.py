@@ -114,6 +114,7 @@ class CudaGraphDecoder:
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[int, _Captured] = {}
         self.resampled_rows = 0
+        self._filled: dict[int, int] = {}  # bucket -> rows holding live (non-neutral) values
         self.neutral = {
             b: DecodeInputs.empty(b, rows, max_blocks, self.device) for b in self.buckets
         }
@@ -159,11 +160,17 @@ class CudaGraphDecoder:
         return self.buckets[-1]
 
     def _bucket(self, b: int) -> _Captured:
-        """The smallest bucket holding b rows, its padded rows reset to neutral values."""
+        """The smallest bucket holding b rows, its padded rows reset to neutral values.
+
+        Only rows a previous call filled are reset (`_filled`): fewer copies, each of which
+        releases the GIL.
+        """
         bucket = next(size for size in self.buckets if size >= b)
         captured = self.graphs[bucket]
-        if bucket > b:
-            captured.inputs.copy_rows_(self.neutral[bucket], start=b)
+        filled = self._filled.get(bucket, bucket)
+        if filled > b:
+            captured.inputs.copy_rows_(self.neutral[bucket], start=b, stop=filled)
+        self._filled[bucket] = b
         return captured
 
     def launch(self, host: DecodeInputs, live: int | None = None) -> DecodeLaunch:

@@ -238,12 +238,16 @@ class ModelRunner:
 
     @staticmethod
     def _finish(outputs: list[tuple[list[Sequence], Tensor]]) -> list[tuple[Sequence, Tensor]]:
-        """One device-to-host copy of every sampled frame; (sequence, frame) pairs."""
+        """One device-to-host copy of every sampled frame; (sequence, frame) pairs.
+
+        The frames are views of one NumPy array (no PyTorch operation per row: see
+        `Sequence`).
+        """
         if not outputs:
             return []
-        frames = torch.cat([f for _, f in outputs]).cpu()
+        frames = torch.cat([f for _, f in outputs]).cpu().numpy()
         seqs = [seq for group, _ in outputs for seq in group]
-        return list(zip(seqs, frames, strict=True))
+        return [(seq, torch.from_numpy(frames[i])) for i, seq in enumerate(seqs)]
 
     def _prefill(self, batch: ScheduledBatch) -> PrefillOutput:
         """Queue the slow transformer over the batch's new positions (general path)."""

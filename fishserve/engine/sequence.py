@@ -11,6 +11,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -43,6 +44,10 @@ class Sequence:
         num_computed: positions of prompt + frames whose K/V are in the cache.
         block_table: KV blocks owned, in position order.
         window: int64 (1 + nc, 16) ring of the last 16 decode-loop frames (zeros at first).
+
+    Per-step bookkeeping goes through NumPy views of these CPU tensors: a NumPy operation
+    keeps the GIL, while every PyTorch operation releases and re-acquires it, which under a
+    busy event loop costs up to a switch interval per call (hundreds of calls per step).
     """
 
     request_id: str
@@ -82,14 +87,19 @@ class Sequence:
         return self.num_positions - self.num_computed
 
     def columns(self, start: int, end: int) -> Tensor:
-        """Input columns (1 + nc, end - start) of positions [start, end)."""
+        """Input columns int64 (1 + nc, end - start) of positions [start, end)."""
+        return torch.from_numpy(self.columns_np(start, end))
+
+    def columns_np(self, start: int, end: int) -> np.ndarray:
+        """`columns` as a NumPy array (no PyTorch operation; see the class docstring)."""
         p = self.prompt.shape[1]
         parts = []
         if start < p:
-            parts.append(self.prompt[:, start : min(end, p)])
+            parts.append(self.prompt.numpy()[:, start : min(end, p)])
         if end > p:
-            parts.append(torch.stack(self.frames[max(start - p, 0) : end - p], dim=1))
-        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+            frames = self.frames[max(start - p, 0) : end - p]
+            parts.append(np.stack([f.numpy() for f in frames], axis=1))
+        return np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
 
     def add_frame(self, frame: Tensor) -> None:
         """Record a sampled frame (1 + nc,); decode-loop frames enter the penalty window.
@@ -100,5 +110,5 @@ class Sequence:
         """
         decode_index = len(self.frames) - 1  # the first (prefill) frame is index -1
         if decode_index >= 0:
-            self.window[:, decode_index % REPETITION_WINDOW] = frame
+            self.window.numpy()[:, decode_index % REPETITION_WINDOW] = frame.numpy()
         self.frames.append(frame)

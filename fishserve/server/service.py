@@ -104,12 +104,15 @@ async def stream_audio(
     try:
         finished = False
         while not finished:
-            event = await _next_event(events, timing.arrival + timeout, timeout)
+            first = await _next_event(events, timing.arrival + timeout, timeout)
+            batch = [first] if first.finished else [first, *stream.ready()]
+            event = batch[-1]  # a `finished` event is always a stream's last
             finished = event.finished
-            if event.codes is not None:
+            codes = [e.codes.numpy() for e in batch if e.codes is not None]
+            if codes:  # one push for the whole backlog: per-frame work holds the GIL
                 timing.first_frame = timing.first_frame or time.monotonic()
-                timing.audio_frames += 1
-                decoder.push(event.codes)
+                timing.audio_frames += len(codes)
+                decoder.push(np.stack(codes, axis=1))
             if finished:
                 _check_finish(event, timing, runtime.max_seq_len)
                 decoder.close()

@@ -135,3 +135,24 @@ def test_a_step_wakes_each_event_loop_once(async_engine):
     loop.close()
     assert [len(g) for g in got] == [2, 1, 1, 1, 1]
     assert got[0][1].finished and "s0" not in async_engine._streams
+
+
+def test_ready_takes_the_delivered_backlog_up_to_the_final_event():
+    from fishserve.engine.async_engine import RequestStream
+    from fishserve.engine.engine import EngineEvent
+
+    async def main() -> tuple[list, list, list]:
+        stream = RequestStream("r", asyncio.get_running_loop())
+        assert stream.ready() == []
+        for i in range(3):
+            stream.put_in_loop(EngineEvent("r", codes=torch.full((2,), i)))
+        stream.put_in_loop(EngineEvent("r", finished=True, finish_reason="stop"))
+        first = await anext(aiter(stream))
+        return [first], stream.ready(), stream.ready()
+
+    first, backlog, after = asyncio.run(main())
+    assert int(first[0].codes[0]) == 0
+    assert [int(e.codes[0]) for e in backlog[:-1]] == [1, 2]
+    assert backlog[-1].finished and after == []
+    with pytest.raises(RuntimeError):
+        RequestStream("s", None).ready()
