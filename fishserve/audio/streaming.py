@@ -177,6 +177,11 @@ class StreamingDecoder:
         with self._lock:
             self._closed = True
 
+    def frames_wanted(self) -> int:
+        """Frames still to push before the next chunk is ready (>= 1; 1 once it is ready)."""
+        with self._lock:
+            return max(1, self._next_size - self._pending_frames)
+
     # ------------------------------------------------------------------ output side
     def next_job(self) -> DecodeJob | None:
         """Hand out the next chunk to decode, or ``None`` if not enough frames are pending.

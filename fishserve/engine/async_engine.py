@@ -8,6 +8,7 @@ thread through an inbox; frames come back through one queue per request.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import queue
 import threading
@@ -29,14 +30,19 @@ class EngineDeadError(RuntimeError):
 class RequestStream:
     """The events of one request, in order, ending with a `finished` event.
 
-    Iterate with `for` (blocking) or `async for` (when created with an event loop).
+    Iterate with `for` (blocking) or `async for` (when created with an event loop), or take
+    events in batches with `next_batch` (async), which wakes the consumer only once `want`
+    events are buffered: a streaming consumer that needs ten frames for its next audio chunk
+    is woken once, not ten times.
     """
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop | None) -> None:
         self.request_id = request_id
         self._loop = loop
         self._sync: queue.SimpleQueue[EngineEvent] = queue.SimpleQueue()
-        self._async: asyncio.Queue[EngineEvent] | None = asyncio.Queue() if loop else None
+        self._buffer: collections.deque[EngineEvent] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._want = 1
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -45,9 +51,9 @@ class RequestStream:
 
     def put(self, event: EngineEvent) -> None:
         """Deliver an event (called from the engine thread)."""
-        if self._async is not None and self._loop is not None:
+        if self._loop is not None:
             try:
-                self._loop.call_soon_threadsafe(self._async.put_nowait, event)
+                self._loop.call_soon_threadsafe(self.put_in_loop, event)
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 log.debug("dropped an event for request %s: event loop closed", self.request_id)
         else:
@@ -55,21 +61,43 @@ class RequestStream:
 
     def put_in_loop(self, event: EngineEvent) -> None:
         """Deliver an event from inside the stream's own event loop (see `deliver`)."""
-        if self._async is None:
+        if self._loop is None:
             raise RuntimeError("this stream was created without an event loop")
-        self._async.put_nowait(event)
+        self._buffer.append(event)
+        waiter = self._waiter
+        enough = len(self._buffer) >= self._want or event.finished or event.codes is None
+        if enough and waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next_batch(self, want: int = 1) -> list[EngineEvent]:
+        """Wait until `want` events are buffered (or the final one arrived); return them all.
+
+        Returns every buffered event, in order, up to and including a `finished` one.
+
+        Raises:
+            RuntimeError: the stream was created without an event loop.
+        """
+        if self._loop is None:
+            raise RuntimeError("this stream was created without an event loop")
+        while len(self._buffer) < max(want, 1) and not self._has_final():
+            self._want = max(want, 1)
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self.ready()
+
+    def _has_final(self) -> bool:
+        return any(e.finished or e.codes is None for e in self._buffer)
 
     def ready(self) -> list[EngineEvent]:
-        """The events already delivered to an async stream, without waiting (maybe none).
-
-        Lets a consumer that just awaited one event take the rest of a step's backlog at once
-        (one audio push for many frames) instead of one await per frame.
-        """
-        if self._async is None:
+        """The events already delivered to an async stream, without waiting (maybe none)."""
+        if self._loop is None:
             raise RuntimeError("this stream was created without an event loop")
         events = []
-        while not self._async.empty():
-            events.append(self._async.get_nowait())
+        while self._buffer:
+            events.append(self._buffer.popleft())
             if events[-1].finished:
                 break
         return events
@@ -82,13 +110,11 @@ class RequestStream:
                 return
 
     async def __aiter__(self) -> AsyncIterator[EngineEvent]:
-        if self._async is None:
-            raise RuntimeError("this stream was created without an event loop")
         while True:
-            event = await self._async.get()
-            yield event
-            if event.finished:
-                return
+            for event in await self.next_batch(1):
+                yield event
+                if event.finished:
+                    return
 
 
 def deliver(pairs: list[tuple[RequestStream, EngineEvent]]) -> None:

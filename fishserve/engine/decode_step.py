@@ -212,7 +212,7 @@ def build_sampling_inputs(
     def col(values: list, dtype: torch.dtype, neutral: float) -> Tensor:
         return torch.tensor(values + [neutral] * pad, dtype=dtype)
 
-    windows = [seq.window.numpy() for seq in seqs]
+    windows = [seq.window for seq in seqs]
     if pad:
         windows.extend([np.zeros(window_shape, dtype=np.int64)] * pad)
     return SamplingInputs(

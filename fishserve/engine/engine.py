@@ -10,6 +10,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -331,11 +332,10 @@ class LLMEngine:
             events.extend(self._on_frame(seq, frame))
         return events
 
-    def _on_frame(self, seq: Sequence, frame: Tensor) -> list[EngineEvent]:
-        seq.add_frame(frame)
+    def _on_frame(self, seq: Sequence, row: np.ndarray) -> list[EngineEvent]:
+        seq.add_frame(row)  # NumPy rows: no PyTorch call per frame (see `Sequence`)
         self.frames_generated += 1
         index = len(seq.frames) - 1
-        row = frame.numpy()  # NumPy views: no PyTorch operation per frame (see `Sequence`)
         events = []
         if index >= 1:  # the first frame of a segment is not audio (spec §6.2)
             codes = torch.from_numpy(row[1:])
@@ -346,7 +346,7 @@ class LLMEngine:
         return [e for e in events if e is not None]
 
     def _end_segment(self, seq: Sequence) -> EngineEvent | None:
-        seq.plan.record(torch.stack(seq.frames, dim=1))
+        seq.plan.record(torch.from_numpy(np.stack(seq.frames, axis=1)))
         if seq.segment + 1 >= len(seq.plan.segments):
             self.sequences.pop(seq.request_id, None)
             self.scheduler.remove(seq)

@@ -204,8 +204,8 @@ class ModelRunner:
         return 0 if self.graphs is None else self.graphs.num_captures
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, Tensor]]:
-        """Compute the batch; return (sequence, frame int64 (1 + nc,) on CPU) for samplers.
+    def execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, np.ndarray]]:
+        """Compute the batch; return (sequence, frame: int64 NumPy (1 + nc,)) for samplers.
 
         Advances `num_computed` of every scheduled sequence and adds the step's device time to
         `busy_seconds` (`BusyTimer`: CUDA events, no extra synchronisation).
@@ -218,7 +218,7 @@ class ModelRunner:
         """Device time of the completed steps (CUDA events; wall time on CPU)."""
         return self.busy.seconds
 
-    def _execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, Tensor]]:
+    def _execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, np.ndarray]]:
         if not self.static_decode:
             return self._finish(self._sample_general(self._prefill(batch)))
         if batch.num_tokens <= self.max_rows:  # every position a row of one static step
@@ -237,17 +237,19 @@ class ModelRunner:
         return self._finish(outputs)
 
     @staticmethod
-    def _finish(outputs: list[tuple[list[Sequence], Tensor]]) -> list[tuple[Sequence, Tensor]]:
+    def _finish(
+        outputs: list[tuple[list[Sequence], Tensor]],
+    ) -> list[tuple[Sequence, np.ndarray]]:
         """One device-to-host copy of every sampled frame; (sequence, frame) pairs.
 
-        The frames are views of one NumPy array (no PyTorch operation per row: see
+        Frames are int64 NumPy rows (1 + nc,) of one array: no PyTorch call per row (see
         `Sequence`).
         """
         if not outputs:
             return []
         frames = torch.cat([f for _, f in outputs]).cpu().numpy()
         seqs = [seq for group, _ in outputs for seq in group]
-        return [(seq, torch.from_numpy(frames[i])) for i, seq in enumerate(seqs)]
+        return list(zip(seqs, frames, strict=True))
 
     def _prefill(self, batch: ScheduledBatch) -> PrefillOutput:
         """Queue the slow transformer over the batch's new positions (general path)."""

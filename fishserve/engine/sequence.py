@@ -39,15 +39,16 @@ class Sequence:
         ignore_eos: keep generating past `<|im_end|>` until the budget (benchmarks).
         segment: index of the segment being generated.
         prompt: int64 (1 + nc, P) prompt of the current segment (CPU).
-        frames: frames generated in the current segment, each int64 (1 + nc,).
+        frames: frames generated in the current segment, each an int64 NumPy array (1 + nc,).
         budget: frames this segment may generate (prompt + budget <= context).
         num_computed: positions of prompt + frames whose K/V are in the cache.
         block_table: KV blocks owned, in position order.
-        window: int64 (1 + nc, 16) ring of the last 16 decode-loop frames (zeros at first).
+        window: int64 NumPy (1 + nc, 16) ring of the last 16 decode-loop frames (zeros at
+            first).
 
-    Per-step bookkeeping goes through NumPy views of these CPU tensors: a NumPy operation
-    keeps the GIL, while every PyTorch operation releases and re-acquires it, which under a
-    busy event loop costs up to a switch interval per call (hundreds of calls per step).
+    Per-step state is kept in NumPy: a NumPy operation on a small array keeps the GIL, while
+    a PyTorch call releases and re-acquires it, which under a busy event loop costs up to a
+    switch interval per call (hundreds of calls per step at large batch).
     """
 
     request_id: str
@@ -59,11 +60,11 @@ class Sequence:
     arrival_time: float = field(default_factory=time.monotonic)
     segment: int = 0
     prompt: Tensor = field(default_factory=lambda: torch.empty(0))
-    frames: list[Tensor] = field(default_factory=list)
+    frames: list[np.ndarray] = field(default_factory=list)
     budget: int = 0
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
-    window: Tensor = field(default_factory=lambda: torch.empty(0))
+    window: np.ndarray = field(default_factory=lambda: np.zeros((0, REPETITION_WINDOW), np.int64))
     status: Status = Status.WAITING
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
@@ -74,7 +75,7 @@ class Sequence:
         self.budget = budget
         self.frames = []
         self.num_computed = 0
-        self.window = torch.zeros(prompt.shape[0], REPETITION_WINDOW, dtype=torch.int64)
+        self.window = np.zeros((prompt.shape[0], REPETITION_WINDOW), dtype=np.int64)
 
     @property
     def num_positions(self) -> int:
@@ -98,17 +99,18 @@ class Sequence:
             parts.append(self.prompt.numpy()[:, start : min(end, p)])
         if end > p:
             frames = self.frames[max(start - p, 0) : end - p]
-            parts.append(np.stack([f.numpy() for f in frames], axis=1))
+            parts.append(np.stack(frames, axis=1))
         return np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
 
-    def add_frame(self, frame: Tensor) -> None:
+    def add_frame(self, frame: np.ndarray | Tensor) -> None:
         """Record a sampled frame (1 + nc,); decode-loop frames enter the penalty window.
 
         The window is a ring: decode iteration j writes column j % 16, so before iteration i
         it holds frames [0, i) padded with zeros while i < 16, else [i - 16, i) (spec §5; the
         penalty does not depend on the order of the window).
         """
+        row = np.asarray(frame, dtype=np.int64)
         decode_index = len(self.frames) - 1  # the first (prefill) frame is index -1
         if decode_index >= 0:
-            self.window.numpy()[:, decode_index % REPETITION_WINDOW] = frame.numpy()
-        self.frames.append(frame)
+            self.window[:, decode_index % REPETITION_WINDOW] = row
+        self.frames.append(row)

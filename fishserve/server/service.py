@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fishserve.audio.streaming import StreamingDecoder
+from fishserve.engine.async_engine import RequestStream
 from fishserve.engine.engine import EngineEvent, GenerationRequest
 from fishserve.models.prompt import Reference
 from fishserve.server.metrics import Metrics
@@ -99,13 +100,12 @@ async def stream_audio(
     timing = Synthesis()
     stream = runtime.engine.submit(request, asyncio.get_running_loop())
     decoder = StreamingDecoder(runtime.decoder, runtime.chunk_policy)
-    events = aiter(stream)
     outcome = "cancelled"
     try:
         finished = False
         while not finished:
-            first = await _next_event(events, timing.arrival + timeout, timeout)
-            batch = [first] if first.finished else [first, *stream.ready()]
+            want = decoder.frames_wanted()  # woken once per audio chunk, not once per frame
+            batch = await _next_events(stream, want, timing.arrival + timeout, timeout)
             event = batch[-1]  # a `finished` event is always a stream's last
             finished = event.finished
             codes = [e.codes.numpy() for e in batch if e.codes is not None]
@@ -133,10 +133,11 @@ async def stream_audio(
             metrics.failure.labels(reason=outcome).inc()
 
 
-async def _next_event(
-    events: AsyncIterator[EngineEvent], deadline: float, timeout: float
-) -> EngineEvent:
-    """The next engine event, waiting at most until `deadline` (monotonic seconds).
+async def _next_events(
+    stream: RequestStream, want: int, deadline: float, timeout: float
+) -> list[EngineEvent]:
+    """The stream's next events once `want` are there (or the last one), waiting at most until
+    `deadline` (monotonic seconds).
 
     Raises:
         SynthesisTimeoutError: the deadline passed (queued or running).
@@ -146,7 +147,7 @@ async def _next_event(
         if remaining <= 0:
             raise TimeoutError
         async with asyncio.timeout(remaining):
-            return await anext(events)
+            return await stream.next_batch(want)
     except TimeoutError:
         raise SynthesisTimeoutError(f"request exceeded the {timeout:g} s timeout") from None
 

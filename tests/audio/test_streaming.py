@@ -205,3 +205,15 @@ def test_push_after_close_raises(tiny_decoder: FireflyGenerator) -> None:
 def test_policy_validation(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         ChunkPolicy(**kwargs)
+
+
+def test_frames_wanted_counts_down_to_the_next_chunk(tiny_decoder: FireflyGenerator) -> None:
+    stream = StreamingDecoder(tiny_decoder, ChunkPolicy(first_chunk_frames=4, chunk_frames=8))
+    groups = tiny_decoder.config.n_groups
+    assert stream.frames_wanted() == 4
+    stream.push(np.zeros((groups, 3), dtype=np.int64))
+    assert stream.frames_wanted() == 1 and stream.next_job() is None
+    stream.push(np.zeros((groups, 2), dtype=np.int64))
+    assert stream.frames_wanted() == 1  # ready: never asks for fewer than one
+    assert stream.next_job() is not None
+    assert stream.frames_wanted() == 8 - 1  # next chunk is 8 frames, one already pending

@@ -137,22 +137,31 @@ def test_a_step_wakes_each_event_loop_once(async_engine):
     assert got[0][1].finished and "s0" not in async_engine._streams
 
 
-def test_ready_takes_the_delivered_backlog_up_to_the_final_event():
+def test_next_batch_wakes_once_enough_events_or_the_last_one_arrived():
     from fishserve.engine.async_engine import RequestStream
     from fishserve.engine.engine import EngineEvent
 
-    async def main() -> tuple[list, list, list]:
-        stream = RequestStream("r", asyncio.get_running_loop())
-        assert stream.ready() == []
-        for i in range(3):
-            stream.put_in_loop(EngineEvent("r", codes=torch.full((2,), i)))
-        stream.put_in_loop(EngineEvent("r", finished=True, finish_reason="stop"))
-        first = await anext(aiter(stream))
-        return [first], stream.ready(), stream.ready()
+    def frame(i: int) -> EngineEvent:
+        return EngineEvent("r", codes=torch.full((2,), i))
 
-    first, backlog, after = asyncio.run(main())
-    assert int(first[0].codes[0]) == 0
-    assert [int(e.codes[0]) for e in backlog[:-1]] == [1, 2]
-    assert backlog[-1].finished and after == []
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        stream = RequestStream("r", loop)
+        assert stream.ready() == []
+        stream.put_in_loop(frame(0))
+        task = asyncio.ensure_future(stream.next_batch(3))
+        stream.put(frame(1))  # through the loop, as the engine thread delivers
+        await asyncio.sleep(0.01)
+        assert not task.done()  # two of three
+        stream.put(frame(2))
+        batch = await asyncio.wait_for(task, 1)
+        assert [int(e.codes[0]) for e in batch] == [0, 1, 2]
+        stream.put_in_loop(frame(3))
+        stream.put_in_loop(EngineEvent("r", finished=True, finish_reason="stop"))
+        last = await asyncio.wait_for(stream.next_batch(10), 1)  # the final event ends the wait
+        assert int(last[0].codes[0]) == 3 and last[-1].finished
+        assert stream.ready() == []
+
+    asyncio.run(main())
     with pytest.raises(RuntimeError):
         RequestStream("s", None).ready()
