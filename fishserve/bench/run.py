@@ -214,10 +214,19 @@ def make_progress(console: Console) -> Progress:
     )
 
 
+KEEPALIVE_EXPIRY_S = 2.0
+
+
 async def bench(opts: BenchOptions, progress: Progress) -> BenchReport:
     """Run every level against the server and return the report (nothing written)."""
     peak = max(opts.levels) if opts.mode == "concurrency" else opts.max_inflight
-    limits = httpx.Limits(max_connections=int(peak) + 4, max_keepalive_connections=int(peak) + 4)
+    # Idle connections expire before the server's keep-alive timeout (uvicorn: 5 s): reusing
+    # one the server has just closed fails with a ReadError before the request is sent.
+    limits = httpx.Limits(
+        max_connections=int(peak) + 4,
+        max_keepalive_connections=int(peak) + 4,
+        keepalive_expiry=KEEPALIVE_EXPIRY_S,
+    )
     timeout = httpx.Timeout(opts.timeout_s, connect=10.0)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         health = await read_health(client, opts.url)
