@@ -74,6 +74,13 @@ def serve(
     max_num_batched_tokens: Annotated[
         int | None, _setting("max_num_batched_tokens", "Positions per engine step at most.")
     ] = None,
+    static_prefill_tokens: Annotated[
+        int | None,
+        _setting(
+            "static_prefill_tokens",
+            "Prompt positions per step run inside the captured decode step (GPU).",
+        ),
+    ] = None,
     gpu_memory_budget: Annotated[
         str | None,
         _setting(

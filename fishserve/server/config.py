@@ -50,6 +50,7 @@ class ServerConfig(BaseModel):
     block_size: int = Field(16, ge=1, le=1024)
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(2048, ge=1)
+    static_prefill_tokens: int = Field(256, ge=0, le=65536)
     gpu_memory_budget: str | None = Field(
         None, validation_alias=AliasChoices("gpu_memory_budget", "memory_budget")
     )

@@ -163,6 +163,7 @@ def build_runtime(config: ServerConfig) -> Runtime:
             block_size=config.block_size,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
+            static_prefill_tokens=config.static_prefill_tokens,
             memory_budget=budget,
             num_kv_blocks=config.num_kv_blocks,
             enforce_eager=config.enforce_eager,

@@ -123,11 +123,15 @@ def test_models_are_built_before_the_server_listens(tmp_path, monkeypatch):
     assert result.output.count("RANDOM weights") == 1
 
 
-def test_enforce_eager_reaches_the_engine(tmp_path):
-    config = tiny_server_config(tmp_path, enforce_eager=True, num_kv_blocks=16)
+def test_enforce_eager_and_static_prefill_reach_the_engine(tmp_path):
+    config = tiny_server_config(
+        tmp_path, enforce_eager=True, num_kv_blocks=16, static_prefill_tokens=7
+    )
     runtime = runtime_module.build_runtime(config)
     try:
         assert runtime.engine.engine.config.enforce_eager is True
+        assert runtime.engine.engine.config.static_prefill_tokens == 7
+        assert runtime.engine.engine.runner.max_rows == config.max_num_seqs + 7
     finally:
         runtime.shutdown()
 
