@@ -174,12 +174,20 @@ def sampling_params(opts: SynthesisOptions) -> SamplingParams:
     return SamplingParams(temperature, opts.top_p, opts.repetition_penalty, opts.seed)
 
 
+NO_TRANSCRIPT_WARNING = (
+    "[yellow]warning:[/] no --reference-text: the reference is used with an empty transcript, "
+    "which usually clones the voice worse"
+)
+
+
 def run_synth(opts: SynthesisOptions, console: Console) -> None:
     """Text -> codes (engine, or the reference loop) -> waveform -> audio file (by extension).
 
     Inputs and outputs are checked before the models load (`check_synth_options`).
     """
     check_synth_options(opts)
+    if (opts.reference_audio or opts.reference_codes) and not opts.reference_text:
+        console.print(NO_TRANSCRIPT_WARNING, soft_wrap=True)
     params = sampling_params(opts)
     device = resolve_device(opts.device)
     dummy = opts.checkpoint is None or opts.load_format == "dummy"

@@ -139,7 +139,8 @@ def test_decode_rejects_wrong_shape_and_float_codes(tmp_path):
         assert result.exit_code == 2 and message in result.output, result.output
 
 
-def test_synth_with_reference_audio(tmp_path):
+@pytest.mark.parametrize("transcript", ["Hello.", ""])
+def test_synth_with_reference_audio(tmp_path, transcript):
     t = np.arange(44100 // 2) / 44100
     sf.write(tmp_path / "ref.wav", 0.3 * np.sin(2 * np.pi * 220 * t), 44100)
     result = invoke(
@@ -151,8 +152,7 @@ def test_synth_with_reference_audio(tmp_path):
         "Hi there.",
         "--reference-audio",
         str(tmp_path / "ref.wav"),
-        "--reference-text",
-        "Hello.",
+        *(["--reference-text", transcript] if transcript else []),
         "--max-new-tokens",
         "6",
         "--output",
@@ -160,6 +160,7 @@ def test_synth_with_reference_audio(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert sf.info(tmp_path / "o.wav").frames > 0
+    assert ("no --reference-text" in result.output) == (not transcript)
 
 
 @pytest.fixture

@@ -135,7 +135,7 @@ def resolve_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError as exc:
-        raise ValueError(f"unknown device {name!r}: {exc}") from exc
+        raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N") from exc
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} requested but CUDA is not available")
     return device
@@ -202,5 +202,6 @@ def load_text2semantic(
     state = load_weights(folder) if load_format == "auto" else None
     semantic = (tokenizer.semantic_begin_id, tokenizer.semantic_end_id)
     model = build_model(config, semantic, state, device, dtype, seed)
-    log.info("text2semantic model: %s weights, %s, %s", load_format, dtype, device)
+    source = "random (dummy)" if load_format == "dummy" else "checkpoint"
+    log.info("text2semantic model: %s weights, %s, %s", source, dtype, device)
     return model, tokenizer
