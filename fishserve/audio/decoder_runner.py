@@ -18,7 +18,9 @@ the job lengths the chunk schedule produces, :func:`frame_buckets_for`), so that
 Why padding is exact: right-padded frames cannot reach earlier samples (every op is causal) and
 padded batch rows have length 0; each job keeps only its own samples (see ``batching``). On the
 CPU the runner decodes eagerly without padding (unless ``pad=True``), exactly as
-``FireflyGenerator.decode``.
+``FireflyGenerator.decode``. Exact in the math, not bit for bit: a chunk decoded in a batch of
+several jobs can round differently from the same chunk decoded alone (convolution kernels pick
+their algorithm and reduction order by shape), ~1e-7 relative, an occasional 16-bit LSB.
 """
 
 from __future__ import annotations

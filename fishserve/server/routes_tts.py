@@ -124,7 +124,8 @@ async def tts(request: Request) -> Response:
         chunks = stream_audio(runtime, gen, state.metrics, state.config.request_timeout)
         headers = response_headers(fmt, runtime.sample_rate)
         if body.streaming:
-            return await streaming_response(state, chunks, fmt, runtime.sample_rate, headers)
+            rate = runtime.sample_rate
+            return await streaming_response(state, request, chunks, fmt, rate, headers)
         audio = await collect(request, chunks)
     headers["Content-Disposition"] = f"attachment; filename=audio.{fmt.value}"
     data = await asyncio.to_thread(encode_audio, audio, runtime.sample_rate, fmt)
@@ -157,9 +158,10 @@ async def speech(request: Request) -> Response:
         headers = response_headers(fmt, runtime.sample_rate)
         if body.instructions:
             headers["X-Fishserve-Note"] = "instructions are ignored by Fish Speech 1.5"
+        rate = runtime.sample_rate
         if body.stream_format == "sse":
-            return await sse_response(state, chunks, fmt, runtime.sample_rate, headers)
-        return await streaming_response(state, chunks, fmt, runtime.sample_rate, headers)
+            return await sse_response(state, request, chunks, fmt, rate, headers)
+        return await streaming_response(state, request, chunks, fmt, rate, headers)
 
 
 async def speech_references(

@@ -14,10 +14,12 @@ model's context) or "cancelled" (the caller stopped iterating: client gone).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -30,6 +32,7 @@ from fishserve.server.runtime import Runtime
 from fishserve.server.voices import VoiceStore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 # The engine reports a later segment whose prompt cannot run (its PromptTooLongError or
 # KVPoolTooSmallError) only as the error message of the finish event; both start like this.
 _PROMPT_ERROR_PREFIX = "prompt of "
@@ -104,7 +107,8 @@ async def stream_audio(
     try:
         finished = False
         while not finished:
-            want = decoder.frames_wanted()  # woken once per audio chunk, not once per frame
+            # Woken once per audio chunk, not per frame; the first frame alone (queue time).
+            want = decoder.frames_wanted() if timing.first_frame else 1
             batch = await _next_events(stream, want, timing.arrival + timeout, timeout)
             event = batch[-1]  # a `finished` event is always a stream's last
             finished = event.finished
@@ -118,7 +122,8 @@ async def stream_audio(
                 decoder.close()
             while (job := decoder.next_job()) is not None:
                 deadline = _playback_deadline(timing, runtime.sample_rate)
-                audio = await asyncio.wrap_future(runtime.decode_worker.submit(job, deadline))
+                decoded = asyncio.wrap_future(runtime.decode_worker.submit(job, deadline))
+                audio = await _within(decoded, timing.arrival + timeout, timeout)
                 _record_audio(timing, metrics, audio)
                 yield audio
         outcome = "stop"
@@ -142,13 +147,24 @@ async def _next_events(
     Raises:
         SynthesisTimeoutError: the deadline passed (queued or running).
     """
+    return await _within(stream.next_batch(want), deadline, timeout)
+
+
+async def _within(work: Awaitable[T], deadline: float, timeout: float) -> T:
+    """Await `work` until `deadline` (monotonic seconds) at most; `timeout` is for the message.
+
+    Raises:
+        SynthesisTimeoutError: the deadline passed (work is cancelled).
+    """
     remaining = deadline - time.monotonic()
     try:
         if remaining <= 0:
             raise TimeoutError
         async with asyncio.timeout(remaining):
-            return await stream.next_batch(want)
+            return await work
     except TimeoutError:
+        if inspect.iscoroutine(work):
+            work.close()  # never awaited when the deadline had already passed
         raise SynthesisTimeoutError(f"request exceeded the {timeout:g} s timeout") from None
 
 

@@ -23,8 +23,8 @@ import base64
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import numpy as np
 from fastapi import Request
@@ -36,6 +36,7 @@ from fishserve.server.errors import ApiError, StreamAbortedError, log_stream_fai
 from fishserve.server.state import ServerState
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 DISCONNECT_POLL_SECONDS = 0.5  # how often a non-streaming request checks for its client
 _INLINE_FORMATS = (AudioFormat.WAV, AudioFormat.PCM)  # cheap enough for the event loop
 _DONE = {
@@ -88,13 +89,37 @@ class OffloadedEncoder:
             log.debug("finishing an abandoned stream encoder failed", exc_info=True)
 
 
-async def first_chunk(chunks: AsyncIterator[np.ndarray]) -> np.ndarray:
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await `work` while checking every `DISCONNECT_POLL_SECONDS` that the client is there.
+
+    Raises:
+        ClientDisconnect: the client went away; `work` is cancelled first (a generation
+            awaited in it is cancelled in the engine by its own `finally`).
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
+            if not task.done() and await request.is_disconnected():
+                raise ClientDisconnect
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+    return task.result()
+
+
+async def first_chunk(request: Request, chunks: AsyncIterator[np.ndarray]) -> np.ndarray:
     """The first audio chunk; errors raised here still become a proper error response.
+
+    A client that goes away meanwhile (queued, or generating its first chunk) cancels the
+    generation within `DISCONNECT_POLL_SECONDS`.
 
     Raises:
         ApiError 500: the generation ended without audio.
+        ClientDisconnect: the client went away.
     """
-    first = await anext(chunks, None)
+    first = await until_disconnect(request, anext(chunks, None))
     if first is None:
         raise ApiError(500, "no audio was generated")
     return first
@@ -102,13 +127,14 @@ async def first_chunk(chunks: AsyncIterator[np.ndarray]) -> np.ndarray:
 
 async def streaming_response(
     state: ServerState,
+    request: Request,
     chunks: AsyncIterator[np.ndarray],
     fmt: AudioFormat,
     sample_rate: int,
     headers: dict[str, str],
 ) -> StreamingResponse:
     """Audio encoded as it comes (see the module docstring for failures)."""
-    first = await first_chunk(chunks)
+    first = await first_chunk(request, chunks)
 
     async def body() -> AsyncIterator[bytes]:
         encoder = OffloadedEncoder(fmt, sample_rate)
@@ -130,6 +156,7 @@ async def streaming_response(
 
 async def sse_response(
     state: ServerState,
+    request: Request,
     chunks: AsyncIterator[np.ndarray],
     fmt: AudioFormat,
     sample_rate: int,
@@ -137,7 +164,7 @@ async def sse_response(
 ) -> StreamingResponse:
     """OpenAI's `stream_format: sse`: `speech.audio.delta` events, then `speech.audio.done`
     (or an `error` event)."""
-    first = await first_chunk(chunks)
+    first = await first_chunk(request, chunks)
     headers = {k: v for k, v in headers.items() if k != "Content-Type"}
 
     async def body() -> AsyncIterator[bytes]:
@@ -181,15 +208,5 @@ async def collect(request: Request, chunks: AsyncIterator[np.ndarray]) -> np.nda
     async def gather() -> list[np.ndarray]:
         return [chunk async for chunk in chunks]
 
-    task = asyncio.create_task(gather())
-    try:
-        while not task.done():
-            await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
-            if not task.done() and await request.is_disconnected():
-                raise ClientDisconnect
-    finally:
-        if not task.done():
-            task.cancel()
-            await asyncio.wait({task})  # its `finally` cancels the request in the engine
-    parts = task.result()
+    parts = await until_disconnect(request, gather())
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)

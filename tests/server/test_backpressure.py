@@ -86,6 +86,30 @@ def test_timeout_also_while_queued(tmp_path):
             engine.cancel(holder.request_id)
 
 
+def test_timeout_also_while_waiting_for_the_decoder(tmp_path):
+    """The request deadline covers the audio decoder too: a stuck decoder call gives a 504
+    at the deadline, not when the call returns."""
+    config = tiny_server_config(tmp_path, request_timeout=1.0)
+    with LiveServer(config) as live:
+        runner = live.state.runtime.decode_worker.runner
+        slow, original = threading.Event(), runner.decode_jobs
+
+        def stuck(jobs):
+            slow.wait(5)  # released at the end of the test
+            return original(jobs)
+
+        runner.decode_jobs = stuck
+        try:
+            start = time.monotonic()
+            body = {"text": "Hi.", "max_new_tokens": 20, "ignore_eos": True}
+            response = httpx.post(live.url + "/v1/tts", json=body, timeout=60)
+            assert response.status_code == 504, response.text
+            assert time.monotonic() - start < 2.0  # the decoder would take 5 s
+        finally:
+            slow.set()
+            runner.decode_jobs = original
+
+
 def test_api_key(tmp_path):
     with LiveServer(tiny_server_config(tmp_path, api_key="s3cret")) as live:
         body = {"text": "Hi.", "max_new_tokens": 3}

@@ -192,6 +192,45 @@ def test_non_streaming_disconnect_frees_kv_blocks_at_once(server):
     assert failures(server, "cancelled") == cancelled + 1
 
 
+def test_queue_time_ends_at_the_first_frame_not_the_first_chunk(server):
+    """An idle server's queue time is the first frame's wait (two slow steps), not the
+    first audio chunk's (eleven)."""
+    name = "fishserve:request_queue_time_seconds"
+    total, count = metric(server, name + "_sum"), metric(server, name + "_count")
+    with patched_steps(server, lambda n: time.sleep(0.1)):
+        body = {**LONG, "max_new_tokens": 12}
+        assert httpx.post(server.url + "/v1/tts", json=body, timeout=60).status_code == 200
+    assert metric(server, name + "_count") == count + 1
+    assert metric(server, name + "_sum") - total < 0.6  # ~0.2 s; the first chunk: ~1.1 s
+
+
+@pytest.mark.parametrize("path", ["/v1/tts", "/v1/audio/speech"])
+def test_stream_disconnect_before_the_first_chunk_cancels_at_once(server, path):
+    """A streaming client that leaves while its first chunk is still being generated is
+    cancelled within the disconnect poll, not when that chunk is ready (11 slow steps here)."""
+    cancelled = failures(server, "cancelled")
+    body = (
+        {**LONG, "streaming": True}
+        if path == "/v1/tts"
+        else {"input": LONG["text"], "voice": "default", "stream_format": "sse"}
+    )
+    with patched_steps(server, lambda n: time.sleep(0.3)):  # first chunk after ~3.3 s
+        data = json.dumps(body).encode()
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+            + f"Content-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+        deadline = time.monotonic() + 10
+        while httpx.get(server.url + "/health").json()["requests"]["running"] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        sock.close()
+        assert wait_until_idle(server, limit=1.5) < 1.5
+    assert failures(server, "cancelled") == cancelled + 1
+
+
 @pytest.mark.parametrize("streaming", [False, True])
 def test_no_room_for_audio_is_a_400(server, streaming):
     # 240 x's make a 255-position prompt: one frame of room, and the first is never audio.
