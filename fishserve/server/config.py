@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 log = logging.getLogger(__name__)
 ENV_PREFIX = "FISHSERVE_"
@@ -74,6 +82,15 @@ class ServerConfig(BaseModel):
     request_timeout: float = Field(600.0, gt=0)
     lazy_load: bool = False
     idle_unload_seconds: float = Field(0.0, ge=0)
+
+    @field_validator("max_num_batched_tokens")
+    @classmethod
+    def _covers_a_decode_step(cls, value: int, info: ValidationInfo) -> int:
+        """A step must fit one position of every running sequence."""
+        seqs = info.data.get("max_num_seqs")
+        if seqs is not None and value < seqs:
+            raise ValueError(f"must be >= max_num_seqs ({seqs})")
+        return value
 
     @property
     def random_weights(self) -> bool:

@@ -114,3 +114,12 @@ def test_readme_lists_every_setting_with_its_default():
 )
 def test_default_frames_per_segment(settings, expected):
     assert ServerConfig(**settings).max_new_tokens == expected
+
+
+def test_a_step_must_hold_every_running_sequence():
+    with pytest.raises(ValueError) as info:
+        ServerConfig.load(None, {"max_num_seqs": 128, "max_num_batched_tokens": 64}, environ={})
+    assert "max_num_batched_tokens = 64 (from --max-num-batched-tokens)" in str(info.value)
+    assert "must be >= max_num_seqs (128)" in str(info.value)
+    ok = ServerConfig.load(None, {"max_num_seqs": 128, "max_num_batched_tokens": 128}, environ={})
+    assert ok.max_num_batched_tokens == 128
