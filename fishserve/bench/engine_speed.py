@@ -55,20 +55,24 @@ def prompt_text(tokenizer: FishTokenizer, positions: int) -> str:
     return text
 
 
+def fixed_request(text: str, seed: int, frames: int, request_id: str) -> GenerationRequest:
+    """A benchmark request: one segment of exactly `frames` frames (ignore_eos), fixed sampling
+    (temperature 0.7, top_p 0.7, repetition penalty 1.2)."""
+    return GenerationRequest(
+        text,
+        [],
+        SamplingParams(0.7, 0.7, 1.2, seed=seed),
+        chunk_length=0,
+        max_new_tokens=frames,
+        ignore_eos=True,
+        request_id=request_id,
+    )
+
+
 def fill_decode(engine: LLMEngine, batch: int, text: str, frames: int) -> None:
     """Submit `batch` requests and step until every one is decoding."""
     for i in range(batch):
-        engine.add_request(
-            GenerationRequest(
-                text,
-                [],
-                SamplingParams(0.7, 0.7, 1.2, seed=i),
-                chunk_length=0,
-                max_new_tokens=frames + 4,
-                ignore_eos=True,
-                request_id=f"b{i}",
-            )
-        )
+        engine.add_request(fixed_request(text, i, frames + 4, f"b{i}"))
     while any(not seq.frames for seq in engine.sequences.values()):
         engine.step()
 

@@ -6,9 +6,9 @@ brought to decode, then steps are timed with 0, 1 and 4 new requests (same short
 added before each step. Full-size architecture with random weights (bf16, KV bf16); no HTTP,
 no audio decoder.
 
-Run: ``python -m fishserve.bench.mixed_steps --batch-sizes 128,384`` (prints one JSON line per
-batch size: median and mean ms per step for "decode", "mixed1", "mixed4" and "after", the
-decode steps after the arrivals).
+Run on a GPU: ``python -m fishserve.bench.mixed_steps --batch-sizes 128,384``. It prints one
+JSON line per batch size: median and mean ms per step for "decode", "mixed1", "mixed4" and
+"after" (the decode steps after the arrivals). `run` also works on CPU (tests).
 """
 
 from __future__ import annotations
@@ -20,13 +20,17 @@ import time
 
 import torch
 
-from fishserve.bench.engine_speed import fill_decode, prompt_text
-from fishserve.engine.engine import EngineConfig, GenerationRequest, LLMEngine
-from fishserve.engine.sampling import SamplingParams
+from fishserve.bench.engine_speed import fill_decode, fixed_request, prompt_text
+from fishserve.engine.engine import EngineConfig, LLMEngine
 from fishserve.models.loading import load_text2semantic
 
 EXTRA_SEQS = 80  # room for the arriving requests
 PROMPT_POSITIONS = 40
+
+
+def _sync(engine: LLMEngine) -> None:
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
 
 
 def timed_steps(engine: LLMEngine, steps: int, arrivals: int, text: str, ids) -> dict:
@@ -34,21 +38,11 @@ def timed_steps(engine: LLMEngine, steps: int, arrivals: int, text: str, ids) ->
     times = []
     for i in range(steps):
         for _ in range(arrivals):
-            engine.add_request(
-                GenerationRequest(
-                    text,
-                    [],
-                    SamplingParams(0.7, 0.7, 1.2, seed=i),
-                    chunk_length=0,
-                    max_new_tokens=100,
-                    ignore_eos=True,
-                    request_id=f"a{next(ids)}",
-                )
-            )
-        torch.cuda.synchronize()
+            engine.add_request(fixed_request(text, i, 100, f"a{next(ids)}"))
+        _sync(engine)
         start = time.perf_counter()
         engine.step()
-        torch.cuda.synchronize()
+        _sync(engine)
         times.append(time.perf_counter() - start)
     times.sort()
     return {"median_ms": 1e3 * times[len(times) // 2], "mean_ms": 1e3 * sum(times) / len(times)}

@@ -73,3 +73,11 @@ def test_bad_values_give_one_line_and_exit_2(args: list[str], message: str) -> N
     assert result.exit_code == 2, result.output
     assert "error:" in result.output and message in result.output
     assert "Traceback" not in result.output
+
+
+def test_mixed_steps_times_decode_and_arrival_steps(tiny_model, tiny_tokenizer) -> None:
+    from fishserve.bench.mixed_steps import run as run_mixed
+
+    result = run_mixed(2, tiny_model, tiny_tokenizer)
+    assert set(result) == {"decode", "mixed1", "mixed4", "after"}
+    assert all(r["median_ms"] > 0 and r["mean_ms"] > 0 for r in result.values())

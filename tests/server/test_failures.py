@@ -103,15 +103,23 @@ def wait_until_idle(server: LiveServer, limit: float) -> float:
     raise AssertionError(f"KV blocks still in use after {limit} s")
 
 
-def send_raw(server: LiveServer, body: dict) -> socket.socket:
+def send_raw(server: LiveServer, body: dict, path: str = "/v1/tts") -> socket.socket:
     data = json.dumps(body).encode()
     sock = socket.create_connection(("127.0.0.1", server.port))
     sock.sendall(
-        b"POST /v1/tts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
         + f"Content-Length: {len(data)}\r\n\r\n".encode()
         + data
     )
     return sock
+
+
+def wait_until_running(server: LiveServer, limit: float = 10.0) -> None:
+    """Block until the engine runs a request (fails after `limit` seconds)."""
+    deadline = time.monotonic() + limit
+    while httpx.get(server.url + "/health").json()["requests"]["running"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
 
 
 class Records(logging.Handler):
@@ -183,10 +191,7 @@ def test_non_streaming_disconnect_frees_kv_blocks_at_once(server):
     cancelled = failures(server, "cancelled")
     with patched_steps(server, lambda n: time.sleep(0.02)):  # 200 frames: over 4 s
         sock = send_raw(server, LONG)
-        deadline = time.monotonic() + 10
-        while httpx.get(server.url + "/health").json()["requests"]["running"] == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until_running(server)
         sock.close()
         assert wait_until_idle(server, limit=2.0) < 2.0
     assert failures(server, "cancelled") == cancelled + 1
@@ -215,17 +220,8 @@ def test_stream_disconnect_before_the_first_chunk_cancels_at_once(server, path):
         else {"input": LONG["text"], "voice": "default", "stream_format": "sse"}
     )
     with patched_steps(server, lambda n: time.sleep(0.3)):  # first chunk after ~3.3 s
-        data = json.dumps(body).encode()
-        sock = socket.create_connection(("127.0.0.1", server.port))
-        sock.sendall(
-            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
-            + f"Content-Length: {len(data)}\r\n\r\n".encode()
-            + data
-        )
-        deadline = time.monotonic() + 10
-        while httpx.get(server.url + "/health").json()["requests"]["running"] == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        sock = send_raw(server, body, path)
+        wait_until_running(server)
         sock.close()
         assert wait_until_idle(server, limit=1.5) < 1.5
     assert failures(server, "cancelled") == cancelled + 1
