@@ -36,6 +36,14 @@ def batch(rows: int, seed: int, temperature: float = 0.7, top_p: float = 0.7) ->
     )
 
 
+def prefilter_exact(logits: torch.Tensor, p: BatchSampling, k: int) -> torch.Tensor:
+    """bool (B,): rows `sample_prefiltered` with k candidates decides exactly (no penalty)."""
+    _, exact = sample_prefiltered(
+        logits, p.temperature, p.top_p, p.penalty, None, p.seeds, p.counters(0), k
+    )
+    return exact
+
+
 def logits_of(rows: int, scale: float, seed: int) -> torch.Tensor:
     """Gaussian logits; scale 8 puts > 0.9 of the mass on a few dozen ids, scale 0.5 is flat."""
     return torch.randn(rows, V, generator=torch.Generator().manual_seed(seed)) * scale
@@ -97,9 +105,7 @@ def test_sample_frame_with_prefilter_equals_full_sort(tiny_model) -> None:
 def test_top_p_one_always_falls_back() -> None:
     p = batch(4, seed=9, top_p=1.0)
     logits = logits_of(4, scale=8.0, seed=10)
-    _, exact = sample_prefiltered(
-        logits, p.temperature, p.top_p, p.penalty, None, p.seeds, p.counters(0), K
-    )
+    exact = prefilter_exact(logits, p, K)
     assert not exact.any()
 
 
@@ -147,9 +153,7 @@ def test_a_tie_across_the_cut_goes_to_the_full_sort(pair: tuple[int, int]) -> No
     logits = torch.full((1, 1536), -20.0)
     logits[0, list(pair)] = 10.0  # top_p 0.4 keeps one of the two tied ids
     p = batch(1, seed=11, top_p=0.4)
-    _, exact = sample_prefiltered(
-        logits, p.temperature, p.top_p, p.penalty, None, p.seeds, p.counters(0), 64
-    )
+    exact = prefilter_exact(logits, p, 64)
     assert not exact.any()
     token, exact = sample_token(logits, p, None, 64)
     rows = inexact_rows(exact)
@@ -169,9 +173,7 @@ def test_top_p_one_keeps_every_id_in_both_samplers() -> None:
     kept = top_p_filter(logits, torch.ones(1)).isfinite()
     assert kept.sum().item() == 3
     p = batch(1, seed=12, top_p=1.0)
-    _, exact = sample_prefiltered(
-        logits, p.temperature, p.top_p, p.penalty, None, p.seeds, p.counters(0), 64
-    )
+    exact = prefilter_exact(logits, p, 64)
     assert not exact.any()
 
 
@@ -180,9 +182,7 @@ def test_one_candidate_never_claims_exactness() -> None:
     logits = torch.full((1, 1536), -20.0)
     logits[0, [0, 1]] = 10.0
     p = batch(1, seed=1, top_p=0.3)
-    _, exact = sample_prefiltered(
-        logits, p.temperature, p.top_p, p.penalty, None, p.seeds, p.counters(0), 1
-    )
+    exact = prefilter_exact(logits, p, 1)
     assert not exact.any()
 
 
@@ -192,7 +192,5 @@ def test_a_mass_within_rounding_of_top_p_goes_to_the_full_sort() -> None:
     logits[0, :4] = torch.tensor([2.0, 1.0, 0.5, 0.0])
     probs = torch.softmax(logits, -1)[0, :4]
     p = batch(1, seed=2, top_p=float(probs[:2].sum()))  # the cut lands exactly on top_p
-    _, exact = sample_prefiltered(
-        logits, p.temperature, p.top_p, p.penalty, None, p.seeds, p.counters(0), 64
-    )
+    exact = prefilter_exact(logits, p, 64)
     assert not exact.any()
