@@ -96,11 +96,6 @@ class DecodeInputs:
         )
 
 
-def build_decode_inputs(seqs: list[Sequence], block_size: int, max_blocks: int) -> DecodeInputs:
-    """Host tensors of a decode step for `seqs` (each has its last frame pending)."""
-    return build_row_inputs([(seq, 1) for seq in seqs], block_size, max_blocks)[0]
-
-
 def _row_layout(items: list[tuple[Sequence, int]]) -> tuple[np.ndarray, list[Sequence]]:
     """Order of the flattened positions: each sampler's last position first, then the rest.
 
@@ -293,19 +288,3 @@ def resample_inexact_(
 def decode_step_codes(model: DualARTransformer, step: TokenStep, inputs: DecodeInputs) -> Tensor:
     """Second half: fast transformer; frames int64 (B, 1 + nc) (no host sync)."""
     return sample_codebooks(model, step.hidden, step.token, sampling_of(inputs), inputs.windows)
-
-
-def decode_step(
-    model: DualARTransformer,
-    cache: PagedKVCache,
-    inputs: DecodeInputs,
-    use_triton: bool,
-    top_k_prefilter: int = 0,
-) -> Tensor:
-    """One whole decode step on device tensors; returns frames int64 (B, 1 + nc).
-
-    Synchronises with the device only when `top_k_prefilter` is on (to find inexact rows).
-    """
-    step = decode_step_token(model, cache, inputs, use_triton, top_k_prefilter)
-    resample_inexact_(model, step, inputs)
-    return decode_step_codes(model, step, inputs)

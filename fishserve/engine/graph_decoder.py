@@ -198,10 +198,6 @@ class CudaGraphDecoder:
         captured.codes_graph.replay()
         return captured.frames[: launched.live].clone()
 
-    def run(self, host: DecodeInputs) -> Tensor:
-        """A whole decode step for `host`'s B rows; frames int64 (B, 1 + nc) on device."""
-        return self.finish(self.launch(host))
-
     def run_head(self, hidden: Tensor, sampling: SamplingInputs) -> Tensor:
         """Frames of S rows from their slow hidden states (the rows finishing a prefill).
 

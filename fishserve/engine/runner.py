@@ -23,7 +23,7 @@ from fishserve.engine.decode_step import (
     decode_step_token,
     resample_inexact_,
 )
-from fishserve.engine.frame import BatchSampling, sample_frame
+from fishserve.engine.frame import sample_frame
 from fishserve.engine.graph_decoder import CudaGraphDecoder, DecodeLaunch
 from fishserve.engine.kv_cache import PagedKVCache
 from fishserve.engine.paged_attention import AttentionMetadata, TorchPagedAttention
@@ -120,14 +120,6 @@ def build_inputs(batch: ScheduledBatch, block_size: int, device: torch.device) -
     )
 
 
-def batch_sampling(seqs: list[Sequence], device: torch.device) -> tuple[BatchSampling, Tensor]:
-    """Per-row sampling tensors and repetition windows (S, 1 + nc, 16) of `seqs` on `device`.
-
-    See `build_sampling_inputs` (the prefill frame uses no penalty); copied without a sync.
-    """
-    return build_sampling_inputs(seqs).to(device)
-
-
 def is_decode_item(seq: Sequence, n: int) -> bool:
     """Whether the sequence computes exactly its last generated frame this step."""
     return n == 1 and bool(seq.frames) and seq.num_pending == 1
@@ -153,11 +145,12 @@ def split_decode(batch: ScheduledBatch) -> tuple[list[Sequence], ScheduledBatch]
 class ModelRunner:
     """Runs scheduled batches on the DualAR model with a paged KV cache.
 
-    Decoding sequences take the static-shape path (`decode_step`): on CUDA through the fused
-    Triton attention, replayed from CUDA graphs unless `enforce_eager`. Sequences with prefill
-    positions in the same step take the general path (`TorchPagedAttention`) for their slow
-    pass; those that finish their prompt sample their first frame through the captured frame
-    head (`CudaGraphDecoder.run_head`), so only the prompt's slow pass runs eagerly.
+    Steps take the static-shape path (`decode_step_token`, `decode_step_codes`): on CUDA
+    through the fused Triton attention, replayed from CUDA graphs unless `enforce_eager`. A
+    step whose positions fit `max_rows` runs every position, prompt ones included, as one row
+    of that path. A larger step runs its decoding sequences there and its prefill chunks on
+    the general path (`TorchPagedAttention`); those finishing their prompt sample their first
+    frame through the captured frame head (`CudaGraphDecoder.run_head`).
 
     Attributes:
         busy_seconds: time the device spent on this runner's steps (see `execute`).
@@ -266,7 +259,7 @@ class ModelRunner:
         """Frames of the sampling rows, eagerly."""
         if not prefill.samplers:
             return []
-        sampling, windows = batch_sampling(prefill.samplers, self.device)
+        sampling, windows = build_sampling_inputs(prefill.samplers).to(self.device)
         model, last = self.model, prefill.hidden
         logits = model.slow_logits(last)
         frames = sample_frame(model, last, logits, sampling, windows, self.top_k_prefilter)
