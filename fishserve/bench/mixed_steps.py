@@ -21,6 +21,7 @@ import time
 import torch
 
 from fishserve.bench.engine_speed import fill_decode, fixed_request, prompt_text
+from fishserve.bench.options import parse_sizes
 from fishserve.engine.engine import EngineConfig, LLMEngine
 from fishserve.models.loading import load_text2semantic
 
@@ -77,12 +78,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-sizes", default="128,384")
     args = parser.parse_args()
+    try:
+        batches = parse_sizes(args.batch_sizes, "--batch-sizes")
+    except ValueError as exc:
+        parser.error(str(exc))
     if not torch.cuda.is_available():
         raise SystemExit("this benchmark needs a CUDA device")
     model, tokenizer = load_text2semantic(
         None, device=torch.device("cuda"), dtype=torch.bfloat16, load_format="dummy"
     )
-    for batch in (int(b) for b in args.batch_sizes.split(",")):
+    for batch in batches:
         print(json.dumps({"batch": batch, **run(batch, model, tokenizer)}), flush=True)
         torch.cuda.empty_cache()
 

@@ -81,3 +81,13 @@ def test_mixed_steps_times_decode_and_arrival_steps(tiny_model, tiny_tokenizer) 
     result = run_mixed(2, tiny_model, tiny_tokenizer)
     assert set(result) == {"decode", "mixed1", "mixed4", "after"}
     assert all(r["median_ms"] > 0 and r["mean_ms"] > 0 for r in result.values())
+
+
+def test_mixed_steps_rejects_bad_batch_sizes(monkeypatch, capsys) -> None:
+    from fishserve.bench.mixed_steps import main as mixed_main
+
+    monkeypatch.setattr("sys.argv", ["mixed_steps", "--batch-sizes", "1,x"])
+    with pytest.raises(SystemExit) as info:
+        mixed_main()
+    assert info.value.code == 2
+    assert "--batch-sizes" in capsys.readouterr().err
