@@ -98,6 +98,13 @@ def serve(
         bool | None,
         _setting("enforce_eager", "No CUDA graphs for the language model or the decoder (slower)."),
     ] = None,
+    engine_process: Annotated[
+        str | None,
+        _setting(
+            "engine_process",
+            "Run the engine and decoder in their own process: auto (on with a GPU), on, off.",
+        ),
+    ] = None,
     default_max_new_tokens: Annotated[
         int | None,
         _setting(

@@ -32,7 +32,7 @@ from fishserve.server.errors import (
 )
 from fishserve.server.routes_admin import router as admin_router
 from fishserve.server.routes_tts import router as tts_router
-from fishserve.server.runtime import Runtime, build_runtime
+from fishserve.server.runtime import ServingRuntime, build_runtime
 from fishserve.server.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,8 @@ _ABORTED: ContextVar[bool] = ContextVar("fishserve_response_aborted", default=Fa
 
 def create_app(
     config: ServerConfig,
-    build: Callable[[ServerConfig], Runtime] = build_runtime,
-    runtime: Runtime | None = None,
+    build: Callable[[ServerConfig], ServingRuntime] = build_runtime,
+    runtime: ServingRuntime | None = None,
 ) -> FastAPI:
     """Build the app around `runtime` (models already loaded, as `fishserve serve` does so
     that load errors come before the server starts), else one `build` makes at start-up, or

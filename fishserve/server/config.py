@@ -64,6 +64,7 @@ class ServerConfig(BaseModel):
     )
     num_kv_blocks: int | None = Field(None, ge=1)
     enforce_eager: bool = False
+    engine_process: Literal["auto", "on", "off"] = "auto"
     default_max_new_tokens: int | None = Field(None, ge=2, le=8192)
     # audio
     first_chunk_frames: int = Field(10, ge=1)
@@ -82,6 +83,14 @@ class ServerConfig(BaseModel):
     request_timeout: float = Field(600.0, gt=0)
     lazy_load: bool = False
     idle_unload_seconds: float = Field(0.0, ge=0)
+
+    @field_validator("engine_process", mode="before")
+    @classmethod
+    def _on_off(cls, value: object) -> object:
+        """YAML reads `on`/`off` as booleans: take them as the words."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
 
     @field_validator("max_num_batched_tokens")
     @classmethod

@@ -22,7 +22,7 @@ from fishserve.audio.io import AudioDecodeError
 from fishserve.engine.async_engine import EngineBusyError, EngineDeadError
 from fishserve.engine.engine import KVPoolTooSmallError
 from fishserve.engine.reference import PromptTooLongError
-from fishserve.server.service import ContextFullError, SynthesisError, SynthesisTimeoutError
+from fishserve.server.pipeline import ContextFullError, SynthesisError, SynthesisTimeoutError
 from fishserve.server.state import ModelLoadError
 from fishserve.server.voices import InvalidVoiceIdError, VoiceExistsError, VoiceNotFoundError
 

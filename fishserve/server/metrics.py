@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from fishserve.engine.engine import EngineStats
 
 if TYPE_CHECKING:
-    from fishserve.server.runtime import Runtime
+    from fishserve.server.runtime import ServingRuntime
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
@@ -111,13 +111,15 @@ class Metrics:
         self._advance("decoder_calls", self.decoder_calls, calls)
         self._advance("decoder_frames", self.decoder_frames, frames)
 
-    def update_runtime(self, runtime: Runtime) -> None:
+    def update_runtime(self, runtime: ServingRuntime) -> None:
         """Copy a loaded runtime's engine and decoder totals (called before each scrape)."""
-        self.update_engine(runtime.engine.stats())
-        runner = runtime.decode_worker.runner
-        self.update_decoder(runner.busy_seconds, runner.calls, runner.frames_decoded)
+        status = runtime.status()
+        self.update_engine(status.engine)
+        self.update_decoder(
+            status.decoder_busy_seconds, status.decoder_calls, status.decoder_frames
+        )
 
-    def retire_runtime(self, runtime: Runtime) -> None:
+    def retire_runtime(self, runtime: ServingRuntime) -> None:
         """Take a stopped runtime's final totals; the next runtime's totals start from 0."""
         self.update_runtime(runtime)
         self._seen.clear()

@@ -48,7 +48,7 @@ async def add_reference(
     if not data:
         raise ApiError(400, "audio file is empty", "audio")
     async with state.request() as runtime:
-        await asyncio.to_thread(runtime.references.encode, data)
+        await runtime.encode_reference(data)
     suffix = PurePath(audio.filename or "reference.wav").suffix
     await asyncio.to_thread(state.voices.add, id, data, text, suffix)
     return JSONResponse({"success": True, "message": "reference added", "reference_id": id})
@@ -115,31 +115,27 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
             "kv_cache": None,
             "gpu_memory": None,
         }, 200 if waits else 503
-    stats = runtime.engine.stats()
-    layout = runtime.engine.engine.cache.layout
+    now = runtime.status()
+    stats, info = now.engine, runtime.info
     status = "ok"
-    if stats.waiting >= config.max_waiting or runtime.memory_critical():
+    if stats.waiting >= config.max_waiting or now.memory_critical:
         status = "busy"
-    if not runtime.engine.alive:
+    if not now.alive:
         status = "unhealthy"
-    model.update(
-        dtype=str(runtime.weight_dtype).removeprefix("torch."),
-        device=str(runtime.device),
-        kv_cache_dtype=layout.dtype,
-    )
+    model.update(dtype=info.weight_dtype, device=info.device, kv_cache_dtype=info.kv_cache_dtype)
     report = {
         "status": status,
         "loaded": True,
-        "error": None if runtime.engine.alive else "the engine thread has stopped",
+        "error": None if now.alive else "the engine has stopped",
         "model": model,
         "requests": {"running": stats.running, "waiting": stats.waiting},
         "kv_cache": {
-            "dtype": layout.dtype,
-            "block_size": layout.block_size,
+            "dtype": info.kv_cache_dtype,
+            "block_size": info.block_size,
             "blocks_total": stats.blocks_total,
             "blocks_free": stats.blocks_free,
         },
-        "gpu_memory": runtime.gpu_memory(),
+        "gpu_memory": now.gpu_memory,
     }
     return report, 503 if status == "unhealthy" else 200
 

@@ -16,7 +16,7 @@ from fishserve.engine.sampling import MIN_TEMPERATURE, SamplingParams
 from fishserve.models.prompt import HISTORY_RESERVE, Reference
 from fishserve.server.errors import ApiError
 from fishserve.server.normalize import normalize_text
-from fishserve.server.runtime import Runtime
+from fishserve.server.runtime import ServingRuntime
 from fishserve.server.schemas import SpeechRequest, TTSRequest
 from fishserve.server.service import InlineReference, resolve_references, stream_audio
 from fishserve.server.state import ServerState
@@ -165,7 +165,7 @@ async def speech(request: Request) -> Response:
 
 
 async def speech_references(
-    runtime: Runtime, state: ServerState, voice: str | None
+    runtime: ServingRuntime, state: ServerState, voice: str | None
 ) -> list[Reference]:
     """The stored voice `voice` (None: no reference).
 

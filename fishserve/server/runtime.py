@@ -1,10 +1,19 @@
-"""The loaded models and worker threads behind the HTTP routes, and how to build them."""
+"""The loaded models and worker threads behind the HTTP routes, and how to build them.
+
+The routes talk to a `ServingRuntime`: either a `Runtime` (models, engine thread and decoder
+thread in this process) or a `RemoteRuntime` (`core_client`), which forwards to an engine-core
+process holding a `Runtime`, so that the engine loop never competes with HTTP work for the GIL.
+`build_runtime` picks one from the `engine_process` setting.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -12,12 +21,13 @@ from fishserve.audio.decoder_runner import DecoderRunner, frame_buckets_for
 from fishserve.audio.references import ReferenceEncoder
 from fishserve.audio.streaming import ChunkPolicy
 from fishserve.engine.async_engine import AsyncEngine
-from fishserve.engine.engine import EngineConfig, LLMEngine
+from fishserve.engine.engine import EngineConfig, EngineStats, GenerationRequest, LLMEngine
 from fishserve.engine.memory import parse_memory_size
 from fishserve.models.firefly import FireflyGenerator
 from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
 from fishserve.server.config import ServerConfig
 from fishserve.server.decode_worker import DecodeWorker
+from fishserve.server.pipeline import AudioChunk, synthesize
 from fishserve.synthesis import DECODER_FILENAME, load_decoder
 
 log = logging.getLogger(__name__)
@@ -32,8 +42,78 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass
+class RuntimeInfo:
+    """What the routes need to know of the loaded models (fixed while they are loaded).
+
+    Attributes:
+        sample_rate: output sample rate in Hz (44,100 for the release).
+        frame_samples: output samples per code frame (2,048 for the release).
+        max_seq_len: positions of the model's context (prompt + generated frames of a segment).
+        device: where the models run, e.g. ``cuda:0``.
+        weight_dtype: weight dtype name, e.g. ``bfloat16``.
+        kv_cache_dtype: KV cache dtype name (``bf16``, ``int8``, ...).
+        block_size: positions per KV block.
+    """
+
+    sample_rate: int
+    frame_samples: int
+    max_seq_len: int
+    device: str
+    weight_dtype: str
+    kv_cache_dtype: str
+    block_size: int
+
+
+@dataclass
+class RuntimeStatus:
+    """A snapshot of the engine and decoder counters and of device memory (health, metrics).
+
+    Attributes:
+        engine: the engine's counters as of its last step.
+        alive: whether the engine (thread and, for a remote runtime, process) is running.
+        gpu_memory: ``used_bytes``/``total_bytes``/``budget_bytes`` of the device; None on CPU.
+        memory_critical: device free memory below `CRITICAL_FREE_FRACTION` of the total.
+        decoder_busy_seconds, decoder_calls, decoder_frames: decoder totals (device seconds,
+            batched calls, new code frames decoded).
+    """
+
+    engine: EngineStats
+    alive: bool
+    gpu_memory: dict[str, int] | None
+    memory_critical: bool
+    decoder_busy_seconds: float
+    decoder_calls: int
+    decoder_frames: int
+
+
+class ServingRuntime(Protocol):
+    """What the HTTP side uses of a runtime, local or in the engine-core process."""
+
+    info: RuntimeInfo
+
+    @property
+    def sample_rate(self) -> int: ...
+
+    @property
+    def max_seq_len(self) -> int: ...
+
+    def status(self) -> RuntimeStatus: ...
+
+    def memory_critical(self) -> bool: ...
+
+    def synthesize(
+        self, request: GenerationRequest, timeout: float
+    ) -> AsyncIterator[AudioChunk]: ...
+
+    async def encode_reference(self, audio: bytes) -> torch.Tensor: ...
+
+    def shutdown(self) -> None: ...
+
+
+@dataclass
 class Runtime:
-    """Everything a request needs: engine thread, decoder thread, reference encoder."""
+    """Everything a request needs, in this process: engine thread, decoder thread, reference
+    encoder."""
 
     engine: AsyncEngine
     decoder: FireflyGenerator
@@ -42,6 +122,20 @@ class Runtime:
     chunk_policy: ChunkPolicy
     device: torch.device
     weight_dtype: torch.dtype
+
+    @property
+    def info(self) -> RuntimeInfo:
+        """The fixed facts the routes need (see `RuntimeInfo`)."""
+        layout = self.engine.engine.cache.layout
+        return RuntimeInfo(
+            sample_rate=self.sample_rate,
+            frame_samples=self.decoder.config.frame_samples,
+            max_seq_len=self.max_seq_len,
+            device=str(self.device),
+            weight_dtype=str(self.weight_dtype).removeprefix("torch."),
+            kv_cache_dtype=layout.dtype,
+            block_size=layout.block_size,
+        )
 
     @property
     def sample_rate(self) -> int:
@@ -53,10 +147,17 @@ class Runtime:
         """Positions of the model's context (prompt + generated frames of one segment)."""
         return self.engine.engine.model.config.max_seq_len
 
-    @property
-    def frame_rate(self) -> float:
-        """Code frames per second of audio (21.53 for the release)."""
-        return self.sample_rate / self.decoder.config.frame_samples
+    def synthesize(self, request: GenerationRequest, timeout: float) -> AsyncIterator[AudioChunk]:
+        """The request's audio chunks (`pipeline.synthesize`)."""
+        return synthesize(self, request, timeout)
+
+    async def encode_reference(self, audio: bytes) -> torch.Tensor:
+        """``(G, L)`` int64 CPU codes of reference audio, encoded off the event loop.
+
+        Raises:
+            ReferenceAudioError: undecodable, empty, silent or too long audio.
+        """
+        return await asyncio.to_thread(self.references.encode, audio)
 
     def shutdown(self) -> None:
         """Stop both threads."""
@@ -80,6 +181,19 @@ class Runtime:
             "total_bytes": total,
             "budget_bytes": self.engine.engine.memory.budget,
         }
+
+    def status(self) -> RuntimeStatus:
+        """Counters and device memory now."""
+        runner = self.decode_worker.runner
+        return RuntimeStatus(
+            engine=self.engine.stats(),
+            alive=self.engine.alive,
+            gpu_memory=self.gpu_memory(),
+            memory_critical=self.memory_critical(),
+            decoder_busy_seconds=runner.busy_seconds,
+            decoder_calls=runner.calls,
+            decoder_frames=runner.frames_decoded,
+        )
 
 
 # Decoder activation bytes per output sample per byte of weight dtype, measured on an H200 with
@@ -125,8 +239,31 @@ def check_settings(config: ServerConfig) -> None:
         )
 
 
-def build_runtime(config: ServerConfig) -> Runtime:
-    """Load the models and start the engine and decoder threads.
+def uses_engine_process(config: ServerConfig) -> bool:
+    """Whether the engine runs in its own process: `engine_process` on, or auto on a GPU."""
+    if config.engine_process == "auto":
+        return resolve_device(config.device).type == "cuda"
+    return config.engine_process == "on"
+
+
+def build_runtime(config: ServerConfig) -> ServingRuntime:
+    """The runtime `config` asks for: in an engine-core process (`uses_engine_process`) or in
+    this one.
+
+    Raises:
+        FileNotFoundError, ValueError: as `build_local_runtime`.
+        RuntimeError: the engine-core process died while loading.
+    """
+    check_settings(config)
+    if uses_engine_process(config):
+        from fishserve.server.core_client import start_remote_runtime
+
+        return start_remote_runtime(config)
+    return build_local_runtime(config)
+
+
+def build_local_runtime(config: ServerConfig) -> Runtime:
+    """Load the models and start the engine and decoder threads in this process.
 
     Raises:
         FileNotFoundError, ValueError: bad model paths or settings (see `check_settings`),

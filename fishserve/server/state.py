@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager, contextmanager
 from fishserve.errors import USER_ERRORS
 from fishserve.server.config import ServerConfig
 from fishserve.server.metrics import Metrics
-from fishserve.server.runtime import Runtime
+from fishserve.server.runtime import ServingRuntime
 from fishserve.server.voices import VoiceStore
 
 log = logging.getLogger(__name__)
@@ -28,8 +28,8 @@ class ServerState:
     def __init__(
         self,
         config: ServerConfig,
-        build: Callable[[ServerConfig], Runtime],
-        runtime: Runtime | None = None,
+        build: Callable[[ServerConfig], ServingRuntime],
+        runtime: ServingRuntime | None = None,
     ) -> None:
         self.config = config
         self.voices = VoiceStore(config.references_dir)
@@ -42,11 +42,11 @@ class ServerState:
         self.last_activity = time.monotonic()
 
     @property
-    def runtime(self) -> Runtime | None:
+    def runtime(self) -> ServingRuntime | None:
         """The loaded runtime, or None while unloaded."""
         return self._runtime
 
-    async def load(self) -> Runtime:
+    async def load(self) -> ServingRuntime:
         """The runtime, loading it (in a worker thread) if needed; a failed load is tried
         again by the next call.
 
@@ -66,7 +66,7 @@ class ServerState:
             return self._runtime
 
     async def unload(self) -> None:
-        """Stop the threads and drop the models."""
+        """Stop the engine (threads, or process) and drop the models."""
         async with self._lock:
             runtime, self._runtime = self._runtime, None
         if runtime is not None:
@@ -85,7 +85,7 @@ class ServerState:
             self.last_activity = time.monotonic()
 
     @asynccontextmanager
-    async def request(self) -> AsyncIterator[Runtime]:
+    async def request(self) -> AsyncIterator[ServingRuntime]:
         """Count an active request for idle tracking and give it the runtime."""
         with self.busy():
             yield await self.load()

@@ -249,14 +249,12 @@ def test_metrics_count_work_across_a_model_reload():
     from types import SimpleNamespace
 
     from fishserve.engine.engine import EngineStats
+    from fishserve.server.runtime import RuntimeStatus
 
     def runtime(frames: int, calls: int, busy: float) -> SimpleNamespace:
         stats = EngineStats(0, 0, 8, 8, 0, frames, busy)
-        runner = SimpleNamespace(busy_seconds=busy, calls=calls, frames_decoded=frames)
-        return SimpleNamespace(
-            engine=SimpleNamespace(stats=lambda: stats),
-            decode_worker=SimpleNamespace(runner=runner),
-        )
+        status = RuntimeStatus(stats, True, None, False, busy, calls, frames)
+        return SimpleNamespace(status=lambda: status)
 
     metrics = Metrics()
     metrics.update_runtime(runtime(40, 3, 2.0))  # a scrape

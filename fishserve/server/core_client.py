@@ -1,0 +1,243 @@
+"""The HTTP side of the engine-core process (`engine_core`): a `ServingRuntime` that forwards.
+
+`start_remote_runtime` spawns the process and waits until it has loaded the models;
+`RemoteRuntime` then sends requests, cancellations and reference audio, and routes what comes
+back (audio chunks, errors, counters) to the waiting coroutines. One reader thread receives
+everything and wakes each event loop once per batch of messages. If the core process dies,
+every waiting request fails with `EngineDeadError` (HTTP 503) and `/health` says unhealthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import itertools
+import logging
+import multiprocessing as mp
+import queue
+import threading
+from collections.abc import AsyncIterator
+from multiprocessing.process import BaseProcess
+from multiprocessing.queues import Queue
+from typing import Any
+
+import torch
+
+from fishserve.engine.async_engine import EngineDeadError
+from fishserve.engine.engine import EngineStats, GenerationRequest
+from fishserve.server.config import ServerConfig
+from fishserve.server.engine_core import POLL_S, core_main
+from fishserve.server.pipeline import AudioChunk
+from fishserve.server.runtime import RuntimeInfo, RuntimeStatus
+
+log = logging.getLogger(__name__)
+# Seconds `shutdown` waits for the core to stop by itself before terminating it.
+SHUTDOWN_WAIT_S = 30.0
+# Messages routed per reader wake-up at most.
+READ_BATCH = 256
+_Mailbox = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[tuple[Any, ...]]"]
+
+
+def start_remote_runtime(config: ServerConfig) -> RemoteRuntime:
+    """Spawn the engine-core process and wait until its models are loaded.
+
+    Raises:
+        whatever loading raised in the core (FileNotFoundError, ValueError such as
+        InsufficientMemoryError, ...), with the same type and message;
+        RuntimeError: the process died while loading (e.g. killed for memory).
+    """
+    ctx = mp.get_context("spawn")
+    inbox: Queue = ctx.Queue()
+    outbox: Queue = ctx.Queue()
+    level = logging.getLogger().getEffectiveLevel()
+    process = ctx.Process(
+        target=core_main, args=(config, inbox, outbox, level), name="fishserve-engine-core"
+    )
+    process.start()
+    log.info("engine core started (pid %d); loading models there", process.pid)
+    while True:
+        try:
+            message = outbox.get(timeout=POLL_S)
+        except queue.Empty:
+            if not process.is_alive():
+                raise RuntimeError(
+                    f"the engine process exited (code {process.exitcode}) while loading the models"
+                ) from None
+            continue
+        if message[0] == "ready":
+            return RemoteRuntime(process, inbox, outbox, message[1])
+        if message[0] == "failed":
+            process.join(SHUTDOWN_WAIT_S)
+            raise message[1]
+
+
+class RemoteRuntime:
+    """A `ServingRuntime` whose models live in the engine-core process.
+
+    Args:
+        process: the running core process; inbox/outbox: its queues (to it, from it).
+        info: what the core reported when it was ready.
+    """
+
+    def __init__(self, process: BaseProcess, inbox: Queue, outbox: Queue, info: RuntimeInfo):
+        self.process = process
+        self.info = info
+        self._inbox, self._outbox = inbox, outbox
+        self._ids = itertools.count()
+        self._mailboxes: dict[int, _Mailbox] = {}
+        self._lock = threading.Lock()
+        self._status = RuntimeStatus(EngineStats(0, 0, 0, 0, 0, 0), True, None, False, 0.0, 0, 0)
+        self._dead = False
+        self._reader = threading.Thread(target=self._read, name="fishserve-core-rx", daemon=True)
+        self._reader.start()
+        atexit.register(self.shutdown)  # before multiprocessing's exit hook joins the process
+
+    @property
+    def sample_rate(self) -> int:
+        """Output sample rate in Hz (44100 for the release)."""
+        return self.info.sample_rate
+
+    @property
+    def max_seq_len(self) -> int:
+        """Positions of the model's context."""
+        return self.info.max_seq_len
+
+    def status(self) -> RuntimeStatus:
+        """The core's last counters (at most `STATUS_INTERVAL_S` old); not alive once the
+        process is gone."""
+        status = self._status
+        if self._dead or not self.process.is_alive():
+            status = RuntimeStatus(**{**vars(status), "alive": False})
+        return status
+
+    def memory_critical(self) -> bool:
+        """True when the core last saw the device nearly out of memory."""
+        return self._status.memory_critical
+
+    async def synthesize(
+        self, request: GenerationRequest, timeout: float
+    ) -> AsyncIterator[AudioChunk]:
+        """The request's audio chunks, generated and decoded in the core.
+
+        Raises: as `pipeline.synthesize`; EngineDeadError if the core process dies.
+        """
+        rid, mailbox = self._open()
+        done = False
+        try:
+            self._inbox.put(("generate", rid, request, timeout))
+            while True:
+                message = await mailbox.get()
+                if message[0] == "chunk":
+                    yield message[2]
+                    continue
+                done = True
+                if message[0] == "error":
+                    raise message[2]
+                return
+        finally:
+            self._close(rid, cancel=not done)
+
+    async def encode_reference(self, audio: bytes) -> torch.Tensor:
+        """``(G, L)`` int64 CPU codes of reference audio, encoded in the core.
+
+        Raises:
+            ReferenceAudioError (as its base AudioDecodeError): bad audio; EngineDeadError.
+        """
+        rid, mailbox = self._open()
+        done = False
+        try:
+            self._inbox.put(("encode", rid, bytes(audio)))
+            message = await mailbox.get()
+            done = True
+            if message[0] == "error":
+                raise message[2]
+            return message[2]
+        finally:
+            self._close(rid, cancel=not done)
+
+    def shutdown(self) -> None:
+        """Stop the core (it finishes nothing further) and fail whatever still waits."""
+        atexit.unregister(self.shutdown)
+        if self.process.is_alive():
+            with contextlib.suppress(OSError, ValueError):
+                self._inbox.put(("shutdown",))
+            self.process.join(SHUTDOWN_WAIT_S)
+            if self.process.is_alive():
+                log.warning("the engine core did not stop in %.0f s; terminating", SHUTDOWN_WAIT_S)
+                self.process.terminate()
+                self.process.join(5)
+        self._fail_all("the engine process stopped")
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _open(self) -> tuple[int, asyncio.Queue[tuple[Any, ...]]]:
+        """A new request id and the queue its messages arrive on.
+
+        Raises:
+            EngineDeadError: the core process is gone.
+        """
+        if self._dead or not self.process.is_alive():
+            raise EngineDeadError("the engine process is not running")
+        rid = next(self._ids)
+        mailbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+        with self._lock:
+            self._mailboxes[rid] = (asyncio.get_running_loop(), mailbox)
+        return rid, mailbox
+
+    def _close(self, rid: int, cancel: bool) -> None:
+        with self._lock:
+            self._mailboxes.pop(rid, None)
+        if cancel and not self._dead:
+            self._inbox.put(("cancel", rid))
+
+    def _read(self) -> None:
+        """Reader thread: route messages to their mailboxes until the core is gone."""
+        while True:
+            try:
+                messages = [self._outbox.get(timeout=POLL_S)]
+            except queue.Empty:
+                if self.process.is_alive():
+                    continue
+                break
+            except (EOFError, OSError):
+                break
+            with contextlib.suppress(queue.Empty):  # what is there already: one wake-up
+                while len(messages) < READ_BATCH:
+                    messages.append(self._outbox.get_nowait())
+            self._deliver(messages)
+        self._fail_all("the engine process exited unexpectedly")
+
+    def _deliver(self, messages: list[tuple[Any, ...]]) -> None:
+        routed = []
+        with self._lock:
+            for message in messages:
+                if message[0] == "status":
+                    self._status = message[1]
+                    continue
+                box = self._mailboxes.get(message[1])
+                if box is not None:
+                    routed.append((*box, message))
+        _post(routed)
+
+    def _fail_all(self, reason: str) -> None:
+        """Mark the core dead and end every waiting request with EngineDeadError."""
+        self._dead = True
+        with self._lock:
+            boxes, self._mailboxes = list(self._mailboxes.items()), {}
+        error = EngineDeadError(reason)
+        _post([(loop, box, ("error", rid, error)) for rid, (loop, box) in boxes])
+
+
+def _post(routed: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue, tuple[Any, ...]]]) -> None:
+    """Put messages into their mailboxes: one thread-safe call per event loop."""
+    batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, tuple[Any, ...]]]] = {}
+    for loop, box, message in routed:
+        batches.setdefault(loop, []).append((box, message))
+    for loop, items in batches.items():
+        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(_put_all, items)
+
+
+def _put_all(items: list[tuple[asyncio.Queue, tuple[Any, ...]]]) -> None:
+    for box, message in items:
+        box.put_nowait(message)

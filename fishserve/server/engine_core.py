@@ -1,0 +1,169 @@
+"""The engine-core process: models, engine thread and decoder thread, away from HTTP.
+
+In one process the engine thread shares Python's GIL with the HTTP event loop, and every
+PyTorch call of an engine step (each releases the GIL) waits to win it back: a py-spy profile
+of the server under load showed steps of ~70 ms that take 20-30 ms alone (docs/benchmarks.md
+§6.2). So, as vLLM V1 does, the server can run the engine in its own process (spawned, so
+CUDA is initialised there only): this module is that process's side; `core_client` is the
+HTTP side.
+
+Messages are tuples on two `multiprocessing` queues (pickled by the queues' feeder threads):
+
+HTTP -> core:
+    ``("generate", rid, GenerationRequest, timeout_s)``, ``("encode", rid, audio_bytes)``,
+    ``("cancel", rid)``, ``("shutdown",)``
+core -> HTTP:
+    ``("ready", RuntimeInfo)`` or ``("failed", exception)`` once, after loading;
+    ``("chunk", rid, AudioChunk)``, ``("done", rid)``, ``("encoded", rid, codes)``,
+    ``("error", rid, exception)``; ``("status", RuntimeStatus)`` every `STATUS_INTERVAL_S`.
+
+Within the core, each request runs `pipeline.synthesize` as an asyncio task, so the per-request
+logic (chunking, deadlines, timeouts, cancellation) is the same as in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import queue
+import signal
+import threading
+from collections.abc import Callable
+from multiprocessing.queues import Queue
+from typing import Any
+
+import torch
+
+from fishserve.server.config import ServerConfig
+from fishserve.server.runtime import Runtime, build_local_runtime
+
+log = logging.getLogger(__name__)
+# How often the core sends its counters (health, metrics, memory checks read the last one).
+STATUS_INTERVAL_S = 0.25
+# How often a blocked queue read wakes up to check that the other process is still there.
+POLL_S = 0.5
+LOG_FORMAT = "%(asctime)s %(levelname)s [engine-core] %(name)s: %(message)s"
+
+
+def portable_exception(exc: BaseException) -> BaseException:
+    """`exc` if it survives pickling, else an instance of its nearest base class that does,
+    with the same message (e.g. an exception whose ``__init__`` takes two arguments).
+
+    The HTTP side maps exception types to statuses, so the type (or its base) must arrive.
+    """
+    for kind in type(exc).__mro__:
+        if not issubclass(kind, BaseException):
+            continue
+        try:
+            candidate = exc if kind is type(exc) else kind(str(exc))
+            pickle.loads(pickle.dumps(candidate))
+        except Exception:
+            continue
+        return candidate
+    return RuntimeError(str(exc))
+
+
+def core_main(config: ServerConfig, inbox: Queue, outbox: Queue, log_level: int) -> None:
+    """Entry point of the engine-core process: load, say ready (or why not), serve, stop.
+
+    Args:
+        inbox: messages from the HTTP process; outbox: messages to it (module docstring).
+        log_level: the HTTP process's logging level.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the HTTP process, which stops us
+    logging.basicConfig(level=log_level, format=LOG_FORMAT)
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    try:
+        runtime = build_local_runtime(config)
+    except BaseException as exc:  # reported to the HTTP process, which raises it
+        outbox.put(("failed", portable_exception(exc)))
+        return
+    outbox.put(("ready", runtime.info))
+    try:
+        asyncio.run(CoreServer(runtime, inbox, outbox).run())
+    finally:
+        runtime.shutdown()
+    log.info("engine core stopped")
+
+
+class CoreServer:
+    """Serves the HTTP process's messages with a local `Runtime` (one asyncio loop)."""
+
+    def __init__(self, runtime: Runtime, inbox: Queue, outbox: Queue) -> None:
+        self.runtime = runtime
+        self.inbox, self.outbox = inbox, outbox
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.parent = os.getppid()
+
+    async def run(self) -> None:
+        """Until a shutdown message, or the HTTP process is gone."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        reader = threading.Thread(
+            target=self._read, args=(loop, stop), name="fishserve-core-reader", daemon=True
+        )
+        reader.start()
+        reporter = asyncio.create_task(self._report())
+        await stop.wait()
+        reporter.cancel()
+        for task in list(self.tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    def _read(self, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+        """Reader thread: hand each message to the loop; stop when told or orphaned."""
+        while True:
+            try:
+                message = self.inbox.get(timeout=POLL_S)
+            except queue.Empty:
+                if os.getppid() == self.parent:
+                    continue
+                log.warning("the HTTP process is gone; stopping")
+                message = ("shutdown",)
+            except (EOFError, OSError):
+                message = ("shutdown",)
+            if message[0] == "shutdown":
+                loop.call_soon_threadsafe(stop.set)
+                return
+            loop.call_soon_threadsafe(self._handle, message)
+
+    def _handle(self, message: tuple[Any, ...]) -> None:
+        kind, rid = message[0], message[1]
+        if kind == "cancel":
+            task = self.tasks.get(rid)
+            if task is not None:
+                task.cancel()
+            return
+        work: Callable[..., Any] = {"generate": self._generate, "encode": self._encode}[kind]
+        task = asyncio.create_task(work(rid, *message[2:]))
+        self.tasks[rid] = task
+        task.add_done_callback(lambda _: self.tasks.pop(rid, None))
+
+    async def _generate(self, rid: int, request: Any, timeout: float) -> None:
+        try:
+            async for chunk in self.runtime.synthesize(request, timeout):
+                self.outbox.put(("chunk", rid, chunk))
+        except asyncio.CancelledError:
+            return  # the HTTP side stopped listening
+        except Exception as exc:
+            self.outbox.put(("error", rid, portable_exception(exc)))
+            return
+        self.outbox.put(("done", rid))
+
+    async def _encode(self, rid: int, audio: bytes) -> None:
+        try:
+            codes = await self.runtime.encode_reference(audio)
+        except asyncio.CancelledError:
+            return
+        except Exception as exc:
+            self.outbox.put(("error", rid, portable_exception(exc)))
+            return
+        self.outbox.put(("encoded", rid, codes))
+
+    async def _report(self) -> None:
+        while True:
+            self.outbox.put(("status", self.runtime.status()))
+            await asyncio.sleep(STATUS_INTERVAL_S)

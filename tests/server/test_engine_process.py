@@ -1,0 +1,151 @@
+"""The engine in its own process (`engine_process: on`): same audio, same errors, same counters
+as in-process, and a dead engine process fails requests cleanly instead of hanging them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+
+import httpx
+import numpy as np
+import pytest
+from conftest import TINY_T2S, LiveServer, tiny_server_config
+
+from fishserve.audio.io import AudioDecodeError
+from fishserve.audio.references import ReferenceAudioError
+from fishserve.models.checkpoint import CheckpointError
+from fishserve.server.core_client import start_remote_runtime
+from fishserve.server.engine_core import portable_exception
+from fishserve.server.runtime import uses_engine_process
+
+FIXED = {"format": "pcm", "seed": 3, "ignore_eos": True, "max_new_tokens": 24}
+TONE = 0.3 * np.sin(2 * np.pi * 220 * np.arange(22050) / 44100)
+
+
+def wav(samples: np.ndarray) -> bytes:
+    import io
+
+    import soundfile as sf
+
+    buffer = io.BytesIO()
+    sf.write(buffer, samples, 44100, format="WAV")
+    return buffer.getvalue()
+
+
+def post(live: LiveServer, path: str, **kwargs) -> httpx.Response:
+    return httpx.post(live.url + path, timeout=120, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory):
+    config = tiny_server_config(
+        tmp_path_factory.mktemp("core"), engine_process="on", threads=1, max_reference_seconds=2
+    )
+    with LiveServer(config) as live:
+        yield live
+
+
+def test_auto_means_a_process_only_with_a_gpu(tmp_path):
+    assert not uses_engine_process(tiny_server_config(tmp_path))  # device cpu
+    assert uses_engine_process(tiny_server_config(tmp_path, engine_process="on"))
+    assert not uses_engine_process(tiny_server_config(tmp_path, engine_process=False))
+
+
+def test_audio_equals_the_in_process_engine(remote, tmp_path):
+    body = {"text": "Same audio either way.", **FIXED}
+    there = post(remote, "/v1/tts", json=body)
+    assert there.status_code == 200, there.text
+    with LiveServer(tiny_server_config(tmp_path, threads=1)) as local:
+        here = post(local, "/v1/tts", json=body)
+    assert len(there.content) == 23 * 256 * 2  # the first frame is no audio
+    assert there.content == here.content
+
+
+def test_streaming_and_health_and_metrics_come_from_the_core(remote):
+    body = {"text": "Stream me.", **FIXED, "streaming": True}
+    with httpx.stream("POST", remote.url + "/v1/tts", json=body, timeout=120) as response:
+        streamed = b"".join(response.iter_bytes())
+    assert response.status_code == 200 and len(streamed) == 23 * 256 * 2
+    time.sleep(0.6)  # the core reports its counters every 0.25 s
+    health = httpx.get(remote.url + "/health").json()
+    assert health["status"] == "ok" and health["loaded"]
+    assert health["kv_cache"]["blocks_total"] == 512 and health["kv_cache"]["dtype"] == "fp32"
+    text = httpx.get(remote.url + "/metrics").text
+    frames = [line for line in text.splitlines() if line.startswith("fishserve:decoder_frames")]
+    assert frames and float(frames[0].split()[-1]) >= 23
+
+
+def test_voice_cloning_encodes_in_the_core(remote):
+    files = {"audio": ("ref.wav", wav(TONE), "audio/wav")}
+    added = post(remote, "/v1/references/add", data={"id": "tone", "text": "A tone."}, files=files)
+    assert added.status_code == 200, added.text
+    body = {"text": "In that voice.", "reference_id": "tone", **FIXED}
+    spoken = post(remote, "/v1/tts", json=body)
+    assert spoken.status_code == 200 and len(spoken.content) > 0
+    silent = {"audio": ("s.wav", wav(np.zeros(22050)), "audio/wav")}
+    bad = post(remote, "/v1/references/add", data={"id": "silent", "text": "x"}, files=silent)
+    assert bad.status_code == 400 and "silent" in bad.json()["message"]
+
+
+def test_input_errors_keep_their_status(remote):
+    # two segments on the 256-position tiny model: the second one cannot fit (ContextFullError)
+    body = {"text": ("x" * 150 + ". ") * 2, "chunk_length": 150, **FIXED, "max_new_tokens": 30}
+    too_long = post(remote, "/v1/tts", json=body)
+    assert too_long.status_code == 400, too_long.text
+    assert "does not fit the model's context" in too_long.json()["message"]
+    assert post(remote, "/v1/tts", json={"text": "After an error.", **FIXED}).status_code == 200
+
+
+def test_client_disconnects_free_the_core_s_kv_blocks(remote):
+    body = {"text": "Leave early.", "format": "pcm", "streaming": True}
+    body |= {"max_new_tokens": 400, "ignore_eos": True}
+    for _ in range(4):
+        with httpx.stream("POST", remote.url + "/v1/tts", json=body, timeout=60) as response:
+            next(response.iter_bytes())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        health = httpx.get(remote.url + "/health").json()
+        if health["requests"]["running"] == 0 and (
+            health["kv_cache"]["blocks_free"] == health["kv_cache"]["blocks_total"]
+        ):
+            break
+        time.sleep(0.2)
+    assert health["requests"]["running"] == 0
+    assert health["kv_cache"]["blocks_free"] == health["kv_cache"]["blocks_total"]
+
+
+def test_a_load_failure_in_the_core_raises_its_error(tmp_path):
+    broken = tmp_path / "checkpoint"
+    shutil.copytree(TINY_T2S, broken)
+    (broken / "model.pth").write_bytes(b"not a checkpoint")
+    config = tiny_server_config(tmp_path, engine_process="on", threads=1, checkpoint=broken)
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        start_remote_runtime(config)
+
+
+def test_a_dead_core_fails_requests_and_health(tmp_path):
+    config = tiny_server_config(tmp_path, engine_process="on", threads=1)
+    with LiveServer(config) as live:
+        body = {"text": "Interrupted.", "format": "pcm", "streaming": True}
+        body |= {"max_new_tokens": 2000, "ignore_eos": True}
+        with httpx.stream("POST", live.url + "/v1/tts", json=body, timeout=60) as response:
+            chunks = response.iter_raw()
+            next(chunks)
+            os.kill(live.state.runtime.process.pid, signal.SIGKILL)
+            with pytest.raises(httpx.HTTPError):  # the stream ends without its last chunk
+                for _ in chunks:
+                    pass
+        health = httpx.get(live.url + "/health")
+        assert health.status_code == 503 and health.json()["status"] == "unhealthy"
+        again = post(live, "/v1/tts", json={"text": "Anyone there?", **FIXED})
+        assert again.status_code == 503 and "engine" in again.json()["message"]
+
+
+def test_exceptions_that_cannot_be_pickled_arrive_as_their_base():
+    error = ReferenceAudioError("silent", "the reference audio is silent")
+    sent = portable_exception(error)
+    assert type(sent) is AudioDecodeError and str(sent) == "the reference audio is silent"
+    plain = ValueError("bad")
+    assert portable_exception(plain) is plain
