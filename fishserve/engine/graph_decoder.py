@@ -36,6 +36,7 @@ from fishserve.engine.decode_step import (
 )
 from fishserve.engine.frame import sample_token
 from fishserve.engine.kv_cache import PagedKVCache
+from fishserve.engine.staging import StagedInputs
 from fishserve.models.dual_ar import DualARTransformer
 
 log = logging.getLogger(__name__)
@@ -57,9 +58,14 @@ class _Captured:
     token_graph: torch.cuda.CUDAGraph
     head_graph: torch.cuda.CUDAGraph
     codes_graph: torch.cuda.CUDAGraph
-    inputs: DecodeInputs
+    staged: StagedInputs
     step: TokenStep
     frames: Tensor
+
+    @property
+    def inputs(self) -> DecodeInputs:
+        """The static device inputs the graphs read."""
+        return self.staged.inputs
 
 
 @dataclass
@@ -120,8 +126,8 @@ class CudaGraphDecoder:
         }
         start = time.perf_counter()
         for b in reversed(self.buckets):  # largest first: smaller graphs reuse its pool
-            inputs = DecodeInputs.empty(b, rows, max_blocks, self.device)
-            self.graphs[b] = self._capture(inputs)
+            staged = StagedInputs(DecodeInputs.empty(b, rows, max_blocks, self.device), self.device)
+            self.graphs[b] = self._capture(staged)
         self.num_captures = len(self.graphs)
         log.info(
             "captured %d decode CUDA graph sets (batch %s) in %.1f s",
@@ -134,8 +140,8 @@ class CudaGraphDecoder:
         k = self.top_k_prefilter
         return decode_step_token(self.model, self.cache, inputs, self.use_triton, k)
 
-    def _capture(self, inputs: DecodeInputs) -> _Captured:
-        model, k = self.model, self.top_k_prefilter
+    def _capture(self, staged: StagedInputs) -> _Captured:
+        model, k, inputs = self.model, self.top_k_prefilter, staged.inputs
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream), torch.inference_mode():
@@ -152,7 +158,7 @@ class CudaGraphDecoder:
                 _head(model, step, inputs, k)
             with torch.cuda.graph(graphs[2], pool=self.pool):
                 frames = decode_step_codes(model, step, inputs)
-        return _Captured(*graphs, inputs, step, frames)
+        return _Captured(*graphs, staged, step, frames)
 
     @property
     def max_batch(self) -> int:
@@ -179,8 +185,11 @@ class CudaGraphDecoder:
         `live`: the first rows whose frames are wanted (default all R).
         """
         b = host.columns.shape[0]
-        captured = self._bucket(b)
-        captured.inputs.copy_rows_(host)
+        bucket = next(size for size in self.buckets if size >= b)
+        captured = self.graphs[bucket]
+        captured.staged.stage(host)  # NumPy writes, then one upload per dtype
+        captured.staged.upload()
+        self._filled[bucket] = b  # the upload left rows b.. neutral on the device
         captured.token_graph.replay()
         return DecodeLaunch(captured.step, captured.inputs, b if live is None else live, captured)
 
