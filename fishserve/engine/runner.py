@@ -8,6 +8,7 @@ sequence that completes its pending positions gives logits and a hidden state, a
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass
 
@@ -31,6 +32,10 @@ from fishserve.engine.scheduler import ScheduledBatch
 from fishserve.engine.sequence import Sequence
 from fishserve.engine.triton_attention import triton_available
 from fishserve.models.dual_ar import DualARTransformer
+
+# CUDA stream priority of the engine's steps (lower is higher; PyTorch maps values outside the
+# device's range to its nearest end). The decoder runs at the default, 0.
+STEP_STREAM_PRIORITY = -1
 
 
 @dataclass
@@ -190,6 +195,14 @@ class ModelRunner:
             self.graphs = CudaGraphDecoder(
                 model, cache, self.max_rows, self.max_blocks, self.use_triton, top_k_prefilter
             )
+        # Steps run on a high-priority stream: the decoder's long convolution kernels (on its
+        # own default-priority stream) would otherwise hold the SMs while each of a step's
+        # ~1,000 short kernels waits its turn. A graph replays at its stream's priority.
+        self.stream = (
+            torch.cuda.Stream(self.device, priority=STEP_STREAM_PRIORITY) if on_gpu else None
+        )
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))  # start-up work
 
     @property
     def num_captures(self) -> int:
@@ -203,7 +216,10 @@ class ModelRunner:
         Advances `num_computed` of every scheduled sequence and adds the step's device time to
         `busy_seconds` (`BusyTimer`: CUDA events, no extra synchronisation).
         """
-        with self.busy.measure():
+        on_stream = (
+            contextlib.nullcontext() if self.stream is None else torch.cuda.stream(self.stream)
+        )
+        with on_stream, self.busy.measure():
             return self._execute(batch)
 
     @property

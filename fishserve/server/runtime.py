@@ -22,7 +22,7 @@ from fishserve.audio.references import ReferenceEncoder
 from fishserve.audio.streaming import ChunkPolicy
 from fishserve.engine.async_engine import AsyncEngine
 from fishserve.engine.engine import EngineConfig, EngineStats, GenerationRequest, LLMEngine
-from fishserve.engine.memory import parse_memory_size
+from fishserve.engine.memory import configure_cuda_allocator, parse_memory_size
 from fishserve.models.firefly import FireflyGenerator
 from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
 from fishserve.server.config import ServerConfig
@@ -172,7 +172,9 @@ class Runtime:
         return free < CRITICAL_FREE_FRACTION * total
 
     def gpu_memory(self) -> dict[str, int] | None:
-        """Used/total/budget bytes of the device, or None on CPU."""
+        """Bytes of the device: used (all processes) and total (`cudaMemGetInfo`), the memory
+        budget, and what PyTorch's caching allocator holds in this process (allocated to
+        tensors, and reserved from the device); None on CPU."""
         if self.device.type != "cuda":
             return None
         free, total = torch.cuda.mem_get_info(self.device)
@@ -180,6 +182,8 @@ class Runtime:
             "used_bytes": total - free,
             "total_bytes": total,
             "budget_bytes": self.engine.engine.memory.budget,
+            "allocated_bytes": torch.cuda.memory_allocated(self.device),
+            "reserved_bytes": torch.cuda.memory_reserved(self.device),
         }
 
     def status(self) -> RuntimeStatus:
@@ -272,6 +276,8 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
     check_settings(config)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     device = resolve_device(config.device)
+    if device.type == "cuda":
+        configure_cuda_allocator()
     dummy = config.random_weights
     weight_dtype = resolve_dtype(config.dtype, device)
     model, tokenizer = load_text2semantic(
