@@ -69,7 +69,11 @@ class ServerConfig(BaseModel):
     # audio
     first_chunk_frames: int = Field(10, ge=1)
     chunk_frames: int = Field(64, ge=1)
-    max_decode_batch: int = Field(16, ge=1)
+    # Small decoder calls: the decoder's long convolution kernels hold the SMs while each of an
+    # engine step's ~1,000 short kernels waits for one. H200, batch 512 engine steps: 33 ms
+    # alone, 274 ms beside decoder calls of 64 chunks, 144 ms with 16, 37 ms with 4 (and the
+    # decoder still decodes 11,900 of its 15,800 frames/s); docs/benchmarks.md §6.3.
+    max_decode_batch: int = Field(8, ge=1)
     decoder_compile: bool = False
     max_reference_seconds: float = Field(30.0, gt=0)
     # HTTP
