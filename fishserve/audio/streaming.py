@@ -177,28 +177,36 @@ class StreamingDecoder:
         with self._lock:
             self._closed = True
 
-    def frames_wanted(self) -> int:
-        """Frames still to push before the next chunk is ready (>= 1; 1 once it is ready)."""
+    def frames_wanted(self, early_frames: int | None = None) -> int:
+        """Frames still to push before the next chunk is ready (>= 1; 1 once it is ready);
+        with `early_frames`, before a short chunk is (see `next_job`)."""
         with self._lock:
-            return max(1, self._next_size - self._pending_frames)
+            size = self._next_size if early_frames is None else min(self._next_size, early_frames)
+            return max(1, size - self._pending_frames)
 
     # ------------------------------------------------------------------ output side
-    def next_job(self) -> DecodeJob | None:
+    def next_job(self, early_frames: int | None = None) -> DecodeJob | None:
         """Hand out the next chunk to decode, or ``None`` if not enough frames are pending.
 
         A chunk is ready when the pending frames reach the next chunk size, or when the stream is
         closed and any frames are pending (the last chunk may be shorter). Handing a job out
         advances the stream: decode it (e.g. with :func:`decode_batch`) and emit the audio in the
         order jobs were handed out.
+
+        Args:
+            early_frames: also hand out a short chunk once this many frames are pending (a
+                client is about to run out of audio); the chunk schedule then does not grow.
         """
         with self._lock:
-            size = self._next_size
-            if self._pending_frames == 0 or (self._pending_frames < size and not self._closed):
+            size, pending = self._next_size, self._pending_frames
+            early = early_frames is not None and pending >= max(1, early_frames)
+            if pending == 0 or (pending < size and not self._closed and not early):
                 return None
-            new = self._take(min(size, self._pending_frames))
+            new = self._take(min(size, pending))
             codes = np.concatenate([self._history, new], axis=1)
             self._history = codes[:, max(0, codes.shape[1] - self.context_frames) :].copy()
-            self._next_size = self.policy.next_chunk_frames(size)
+            if new.shape[1] == size:
+                self._next_size = self.policy.next_chunk_frames(size)
             self.frames_emitted += new.shape[1]
             return DecodeJob(codes, context_frames=codes.shape[1] - new.shape[1])
 

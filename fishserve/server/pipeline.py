@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from fishserve.audio.streaming import StreamingDecoder
+from fishserve.audio.streaming import ChunkPolicy, StreamingDecoder
+from fishserve.engine.async_engine import RequestStream
 from fishserve.engine.engine import EngineEvent, GenerationRequest
 
 if TYPE_CHECKING:
@@ -63,6 +64,11 @@ async def synthesize(
 ) -> AsyncIterator[AudioChunk]:
     """Generate and decode `request`, yielding its audio chunks in order.
 
+    Chunks follow the runtime's `ChunkPolicy`, except that when a client that started playing
+    at its first chunk is `EARLY_CHUNK_S` from running out of audio, the frames generated so far
+    (at least `early_chunk_frames`) are decoded at once as a shorter chunk: when generation is
+    only a little faster than real time, growing chunks would otherwise leave gaps.
+
     Args:
         timeout: seconds the request may take from now, queued or running.
 
@@ -75,38 +81,104 @@ async def synthesize(
     deadline = arrival + timeout
     stream = runtime.engine.submit(request, asyncio.get_running_loop())
     decoder = StreamingDecoder(runtime.decoder, runtime.chunk_policy)
+    playback = Playback(runtime.sample_rate, early_chunk_frames(runtime.chunk_policy))
     first_frame: float | None = None
-    first_audio: float | None = None
-    frames = samples = 0
+    frames = 0
     finished = False
     try:
         while not finished:
             # Woken once per audio chunk, not per frame; the first frame alone (queue time).
-            want = decoder.frames_wanted() if first_frame else 1
-            batch = await within(stream.next_batch(want), deadline, timeout)
-            event = batch[-1]  # a `finished` event is always a stream's last
-            finished = event.finished
+            early = playback.early_frames()
+            want = decoder.frames_wanted(early) if first_frame else 1
+            batch = await _next_events(stream, want, playback.hurry_at(), deadline, timeout)
+            finished = bool(batch) and batch[-1].finished  # a `finished` event is always last
             codes = [e.codes.numpy() for e in batch if e.codes is not None]
             if codes:  # one push for the whole backlog: per-frame work holds the GIL
                 first_frame = first_frame or time.monotonic()
                 frames += len(codes)
                 decoder.push(np.stack(codes, axis=1))
             if finished:
-                _check_finish(event, frames, runtime.max_seq_len)
+                _check_finish(batch[-1], frames, runtime.max_seq_len)
                 decoder.close()
-            while (job := decoder.next_job()) is not None:
-                due = None if first_audio is None else first_audio + samples / runtime.sample_rate
-                decoded = asyncio.wrap_future(runtime.decode_worker.submit(job, due))
-                audio = await within(decoded, deadline, timeout)
-                queued = None
-                if first_audio is None:
-                    first_audio = time.monotonic()
-                    queued = (first_frame or first_audio) - arrival
-                samples += len(audio)
+            while (job := decoder.next_job(playback.early_frames())) is not None:
+                decoded = runtime.decode_worker.submit(job, playback.due())
+                audio = await within(asyncio.wrap_future(decoded), deadline, timeout)
+                queued = None if playback.started else (first_frame or arrival) - arrival
+                playback.add(len(audio))
                 yield AudioChunk(audio, queued)
     finally:
         if not finished:
             runtime.engine.cancel(request.request_id)
+
+
+# Seconds before a playing client would run out of audio at which pending frames are decoded
+# as a short chunk (covers a decoder call and its queueing under load).
+EARLY_CHUNK_S = 0.25
+
+
+def early_chunk_frames(policy: ChunkPolicy) -> int:
+    """Fewest frames worth an early chunk: half the first chunk (each decoder call also
+    decodes the left context again, so tiny chunks cost the decoder most)."""
+    return max(1, policy.first_chunk_frames // 2)
+
+
+class Playback:
+    """Where a client playing the stream in real time since its first chunk stands.
+
+    Args:
+        sample_rate: output samples per second (Hz).
+        early_frames: the least frames of an early chunk (`early_chunk_frames`).
+    """
+
+    def __init__(self, sample_rate: int, early_frames: int) -> None:
+        self.sample_rate, self._early = sample_rate, early_frames
+        self.start: float | None = None  # monotonic seconds of the first chunk
+        self.samples = 0
+
+    @property
+    def started(self) -> bool:
+        """Whether the first chunk is out."""
+        return self.start is not None
+
+    def add(self, samples: int) -> None:
+        """Count a chunk of `samples` handed to the client."""
+        self.start = self.start if self.start is not None else time.monotonic()
+        self.samples += samples
+
+    def due(self) -> float | None:
+        """When the client runs out of audio (monotonic s); None before the first chunk."""
+        return None if self.start is None else self.start + self.samples / self.sample_rate
+
+    def hurry_at(self) -> float | None:
+        """When pending frames should go out early (`EARLY_CHUNK_S` before `due`)."""
+        due = self.due()
+        return None if due is None else due - EARLY_CHUNK_S
+
+    def early_frames(self) -> int | None:
+        """`early_frames` once `hurry_at` has passed, else None."""
+        hurry = self.hurry_at()
+        return self._early if hurry is not None and time.monotonic() >= hurry else None
+
+
+async def _next_events(
+    stream: RequestStream, want: int, hurry_at: float | None, deadline: float, timeout: float
+) -> list[EngineEvent]:
+    """The stream's events once `want` are buffered (or its last one); at `hurry_at`
+    (monotonic s, if sooner) whatever is buffered, maybe nothing.
+
+    Raises:
+        SynthesisTimeoutError: `deadline` passed.
+    """
+    if hurry_at is not None and hurry_at < deadline:
+        remaining = hurry_at - time.monotonic()
+        if remaining <= 0:
+            return stream.ready() or await within(stream.next_batch(want), deadline, timeout)
+        try:
+            async with asyncio.timeout(remaining):
+                return await stream.next_batch(want)
+        except TimeoutError:
+            return stream.ready()
+    return await within(stream.next_batch(want), deadline, timeout)
 
 
 async def within(work: Awaitable[T], deadline: float, timeout: float) -> T:

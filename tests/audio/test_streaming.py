@@ -217,3 +217,33 @@ def test_frames_wanted_counts_down_to_the_next_chunk(tiny_decoder: FireflyGenera
     assert stream.frames_wanted() == 1  # ready: never asks for fewer than one
     assert stream.next_job() is not None
     assert stream.frames_wanted() == 8 - 1  # next chunk is 8 frames, one already pending
+
+
+def test_early_chunks_keep_the_audio_and_hold_the_schedule(tiny_decoder: FireflyGenerator) -> None:
+    """Short chunks cut early (a client about to run dry) change nothing in the audio, and the
+    chunk schedule does not grow past a short chunk."""
+    codes = random_codes(tiny_decoder.config.n_groups, 60, seed=3)
+    stream = StreamingDecoder(tiny_decoder, ChunkPolicy(first_chunk_frames=8, chunk_frames=32))
+    chunks: list[np.ndarray] = []
+    stream.push(codes[:, :8])
+    chunks.extend(stream.ready_chunks())  # the first chunk: 8 frames; next would be 16
+    stream.push(codes[:, 8:11])
+    assert stream.next_job(early_frames=4) is None  # 3 pending: too few even for early
+    assert stream.frames_wanted(early_frames=4) == 1
+    stream.push(codes[:, 11:13])
+    job = stream.next_job(early_frames=4)
+    assert job is not None and job.new_frames == 5
+    chunks.extend(decode_one(tiny_decoder, job))
+    assert stream.frames_wanted() == 16  # still 16: an early chunk does not grow the schedule
+    stream.push(codes[:, 13:])
+    chunks.extend(stream.flush())
+    frame = tiny_decoder.config.frame_samples
+    assert [len(c) // frame for c in chunks] == [8, 5, 16, 31]
+    streamed, reference = np.concatenate(chunks), one_shot(tiny_decoder, codes)
+    assert np.abs(streamed - reference).max() <= MAX_ABS_TOL
+
+
+def decode_one(decoder, job) -> list[np.ndarray]:
+    from fishserve.audio.batching import decode_batch
+
+    return decode_batch(decoder, [job])

@@ -1,0 +1,76 @@
+"""The per-request pipeline's playback clock and its early wake-up (pipeline.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from fishserve.audio.streaming import ChunkPolicy
+from fishserve.engine.async_engine import RequestStream
+from fishserve.engine.engine import EngineEvent
+from fishserve.server import pipeline
+from fishserve.server.pipeline import Playback, SynthesisTimeoutError, early_chunk_frames
+
+
+def frame_event(rid: str = "r") -> EngineEvent:
+    return EngineEvent(rid, codes=torch.zeros(4, dtype=torch.long))
+
+
+def test_playback_asks_for_an_early_chunk_only_near_its_end(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(pipeline.time, "monotonic", lambda: now[0])
+    playback = Playback(sample_rate=1000, early_frames=5)
+    assert playback.due() is None and playback.early_frames() is None  # nothing played yet
+    playback.add(1000)  # one second of audio from t=100
+    assert playback.due() == 101.0 and playback.hurry_at() == 101.0 - pipeline.EARLY_CHUNK_S
+    now[0] = 100.5
+    assert playback.early_frames() is None
+    now[0] = 100.8
+    assert playback.early_frames() == 5
+    playback.add(1000)
+    assert playback.due() == 102.0 and playback.early_frames() is None
+
+
+def test_early_chunk_frames_is_half_the_first_chunk():
+    assert early_chunk_frames(ChunkPolicy(first_chunk_frames=10)) == 5
+    assert early_chunk_frames(ChunkPolicy(first_chunk_frames=1)) == 1
+
+
+def test_next_events_returns_what_is_buffered_at_the_hurry_time():
+    async def scenario() -> tuple[int, int]:
+        stream = RequestStream("r", asyncio.get_running_loop())
+        stream.put_in_loop(frame_event())
+        stream.put_in_loop(frame_event())
+        now = time.monotonic()
+        early = await pipeline._next_events(stream, 10, now + 0.05, now + 30, 30)
+        stream.put_in_loop(frame_event())
+        # past the hurry time with events buffered: they come at once
+        late = await pipeline._next_events(stream, 10, now - 1, now + 30, 30)
+        return len(early), len(late)
+
+    assert asyncio.run(scenario()) == (2, 1)
+
+
+def test_next_events_past_the_hurry_time_waits_for_frames_then_times_out():
+    async def scenario() -> None:
+        stream = RequestStream("r", asyncio.get_running_loop())
+        now = time.monotonic()
+        await pipeline._next_events(stream, 2, now - 1, now + 0.1, 0.1)
+
+    with pytest.raises(SynthesisTimeoutError):
+        asyncio.run(scenario())
+
+
+def test_no_hurry_time_waits_for_the_wanted_frames():
+    async def scenario() -> int:
+        loop = asyncio.get_running_loop()
+        stream = RequestStream("r", loop)
+        for delay in (0.01, 0.02, 0.03):
+            loop.call_later(delay, stream.put_in_loop, frame_event())
+        now = time.monotonic()
+        return len(await pipeline._next_events(stream, 3, None, now + 30, 30))
+
+    assert asyncio.run(scenario()) == 3
