@@ -223,7 +223,8 @@ def _decode_av(data: bytes, label: str, max_seconds: float | None = None) -> tup
     except AudioDecodeError:
         raise
     except (av.error.FFmpegError, ValueError, OSError, RuntimeError) as exc:
-        raise AudioDecodeError(f"{label}: cannot decode audio: {exc}") from exc
+        why = getattr(exc, "strerror", None) or str(exc)  # FFmpeg's text, without errno/file
+        raise AudioDecodeError(f"{label}: not a readable audio file ({why})") from exc
     if not chunks or rate <= 0:
         raise EmptyAudioError(f"{label}: contains no audio samples")
     if len({c.shape[0] for c in chunks}) != 1:

@@ -98,7 +98,8 @@ def prepare_reference_audio(
             "too_long", f"{label} is longer than the maximum of {max_seconds:g} s"
         ) from exc
     except AudioDecodeError as exc:
-        raise ReferenceAudioError("undecodable", f"{label} cannot be decoded: {exc}") from exc
+        detail = str(exc).split(": ", 1)[-1]  # without load_audio's own label
+        raise ReferenceAudioError("undecodable", f"{label} cannot be decoded: {detail}") from exc
     if audio.size < min_samples:
         raise ReferenceAudioError(
             "too_short",
@@ -106,6 +107,8 @@ def prepare_reference_audio(
             f"{min_samples / sample_rate:.3f} s is needed",
         )
     peak = float(np.abs(audio).max())
+    if peak == 0:
+        raise ReferenceAudioError("silent", f"{label} is silent (every sample is zero)")
     if peak < silence_peak:
         raise ReferenceAudioError(
             "silent",

@@ -102,7 +102,8 @@ def serve(
         str | None,
         _setting(
             "engine_process",
-            "Run the engine and decoder in their own process: auto (on with a GPU), on, off.",
+            "Run the engine, decoder and reference encoder in their own process: auto (on with "
+            "a GPU), on, off.",
         ),
     ] = None,
     default_max_new_tokens: Annotated[

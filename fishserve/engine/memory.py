@@ -112,7 +112,8 @@ class MemoryPlan:
             f"{mib(self.activations)}, decoder {mib(self.decoder_workspace)}, reserved "
             f"{mib(self.reserved)}, KV pool {mib(self.kv_pool)} = {self.num_blocks} blocks x "
             f"{self.block_size} positions at {self.kv_bytes_per_token} B/position; "
-            f"{self.sequences_of(1000)} sequences of 1,000 positions fit"
+            f"{self.sequences_of(1000)} sequence{'s' if self.sequences_of(1000) != 1 else ''} "
+            "of 1,000 positions fit"
         )
 
 

@@ -57,11 +57,11 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not config.lazy_load:
             await state.load()
-        watcher = asyncio.create_task(state.watch_idle())
+        watchers = [asyncio.create_task(w) for w in (state.watch_idle(), state.watch_engine())]
         yield
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        for watcher in watchers:
+            watcher.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
         await state.unload()
 
     app = FastAPI(

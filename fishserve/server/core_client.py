@@ -3,8 +3,9 @@
 `start_remote_runtime` spawns the process and waits until it has loaded the models;
 `RemoteRuntime` then sends requests, cancellations and reference audio, and routes what comes
 back (audio chunks, errors, counters) to the waiting coroutines. One reader thread receives
-everything and wakes each event loop once per batch of messages. If the core process dies,
-every waiting request fails with `EngineDeadError` (HTTP 503) and `/health` says unhealthy.
+everything and wakes each event loop once per batch of messages. If the core process dies
+(its pipe reaches end of file), every waiting request fails with `EngineDeadError` (HTTP 503),
+`/health` says unhealthy, and the server state starts a new core (`ServerState`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ import contextlib
 import itertools
 import logging
 import multiprocessing as mp
-import queue
 import threading
 from collections.abc import AsyncIterator
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from multiprocessing.queues import Queue
 from typing import Any
 
 import torch
@@ -27,7 +27,7 @@ import torch
 from fishserve.engine.async_engine import EngineDeadError
 from fishserve.engine.engine import EngineStats, GenerationRequest
 from fishserve.server.config import ServerConfig
-from fishserve.server.engine_core import POLL_S, core_main
+from fishserve.server.engine_core import POLL_S, Sender, core_main
 from fishserve.server.pipeline import AudioChunk
 from fishserve.server.runtime import RuntimeInfo, RuntimeStatus
 
@@ -44,51 +44,78 @@ def start_remote_runtime(config: ServerConfig) -> RemoteRuntime:
 
     Raises:
         whatever loading raised in the core (FileNotFoundError, ValueError such as
-        InsufficientMemoryError, ...), with the same type and message;
+        InsufficientMemoryError, ...), with the same type (or its nearest picklable base)
+        and message;
         RuntimeError: the process died while loading (e.g. killed for memory).
     """
     ctx = mp.get_context("spawn")
-    inbox: Queue = ctx.Queue()
-    outbox: Queue = ctx.Queue()
+    inbox_r, inbox_w = ctx.Pipe(duplex=False)
+    outbox_r, outbox_w = ctx.Pipe(duplex=False)
     level = logging.getLogger().getEffectiveLevel()
     process = ctx.Process(
-        target=core_main, args=(config, inbox, outbox, level), name="fishserve-engine-core"
+        target=core_main, args=(config, inbox_r, outbox_w, level), name="fishserve-engine-core"
     )
     process.start()
+    inbox_r.close()  # the core's ends: closing ours lets each side see the other one go
+    outbox_w.close()
     log.info("engine core started (pid %d); loading models there", process.pid)
+    try:
+        message = _first_message(process, outbox_r)
+    except BaseException:
+        inbox_w.close()
+        outbox_r.close()
+        raise
+    return RemoteRuntime(process, inbox_w, outbox_r, message[1])
+
+
+def _first_message(process: BaseProcess, outbox: Connection) -> tuple[Any, ...]:
+    """The core's "ready" message.
+
+    Raises:
+        the core's load error ("failed"), or RuntimeError if the process died first.
+    """
+    died = RuntimeError("the engine process exited while loading the models")
     while True:
         try:
-            message = outbox.get(timeout=POLL_S)
-        except queue.Empty:
-            if not process.is_alive():
-                raise RuntimeError(
-                    f"the engine process exited (code {process.exitcode}) while loading the models"
-                ) from None
-            continue
-        if message[0] == "ready":
-            return RemoteRuntime(process, inbox, outbox, message[1])
+            if not outbox.poll(POLL_S):
+                if not process.is_alive():
+                    raise died
+                continue
+            message = outbox.recv()
+        except EOFError:
+            process.join(SHUTDOWN_WAIT_S)
+            raise RuntimeError(
+                f"the engine process exited (code {process.exitcode}) while loading the models"
+            ) from None
         if message[0] == "failed":
             process.join(SHUTDOWN_WAIT_S)
             raise message[1]
+        return message
 
 
 class RemoteRuntime:
     """A `ServingRuntime` whose models live in the engine-core process.
 
     Args:
-        process: the running core process; inbox/outbox: its queues (to it, from it).
+        process: the running core process; inbox/outbox: our ends of its pipes (to it, from
+            it).
         info: what the core reported when it was ready.
     """
 
-    def __init__(self, process: BaseProcess, inbox: Queue, outbox: Queue, info: RuntimeInfo):
+    restartable = True  # a dead core can be replaced by a new one (see ServerState)
+
+    def __init__(
+        self, process: BaseProcess, inbox: Connection, outbox: Connection, info: RuntimeInfo
+    ) -> None:
         self.process = process
         self.info = info
-        self._inbox, self._outbox = inbox, outbox
+        self._inbox, self._outbox = Sender(inbox, "fishserve-core-client-tx"), outbox
         self._ids = itertools.count()
         self._mailboxes: dict[int, _Mailbox] = {}
         self._lock = threading.Lock()
         self._status = RuntimeStatus(EngineStats(0, 0, 0, 0, 0, 0), True, None, False, 0.0, 0, 0)
         self._dead = False
+        self._stopping = False
         self._reader = threading.Thread(target=self._read, name="fishserve-core-rx", daemon=True)
         self._reader.start()
         atexit.register(self.shutdown)  # before multiprocessing's exit hook joins the process
@@ -158,15 +185,16 @@ class RemoteRuntime:
 
     def shutdown(self) -> None:
         """Stop the core (it finishes nothing further) and fail whatever still waits."""
+        self._stopping = True
         atexit.unregister(self.shutdown)
         if self.process.is_alive():
-            with contextlib.suppress(OSError, ValueError):
-                self._inbox.put(("shutdown",))
+            self._inbox.put(("shutdown",))
             self.process.join(SHUTDOWN_WAIT_S)
             if self.process.is_alive():
                 log.warning("the engine core did not stop in %.0f s; terminating", SHUTDOWN_WAIT_S)
                 self.process.terminate()
                 self.process.join(5)
+        self._inbox.close()
         self._fail_all("the engine process stopped")
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -194,18 +222,15 @@ class RemoteRuntime:
         """Reader thread: route messages to their mailboxes until the core is gone."""
         while True:
             try:
-                messages = [self._outbox.get(timeout=POLL_S)]
-            except queue.Empty:
-                if self.process.is_alive():
-                    continue
-                break
+                messages = [self._outbox.recv()]
+                while len(messages) < READ_BATCH and self._outbox.poll(0):
+                    messages.append(self._outbox.recv())  # what is there already: one wake-up
             except (EOFError, OSError):
                 break
-            with contextlib.suppress(queue.Empty):  # what is there already: one wake-up
-                while len(messages) < READ_BATCH:
-                    messages.append(self._outbox.get_nowait())
             self._deliver(messages)
-        self._fail_all("the engine process exited unexpectedly")
+        if not self._stopping:
+            log.error("the engine process exited unexpectedly (code %s)", self.process.exitcode)
+        self._fail_all("the engine process is not running")
 
     def _deliver(self, messages: list[tuple[Any, ...]]) -> None:
         routed = []

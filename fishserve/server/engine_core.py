@@ -7,7 +7,9 @@ of the server under load showed steps of ~70 ms that take 20-30 ms alone (docs/b
 CUDA is initialised there only): this module is that process's side; `core_client` is the
 HTTP side.
 
-Messages are tuples on two `multiprocessing` queues (pickled by the queues' feeder threads):
+Messages are pickled tuples on two one-way `multiprocessing` pipes, each written by a sender
+thread (`Sender`) so that no caller blocks; a pipe's end of file tells either side that the
+other process is gone:
 
 HTTP -> core:
     ``("generate", rid, GenerationRequest, timeout_s)``, ``("encode", rid, audio_bytes)``,
@@ -25,13 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import pickle
 import queue
 import signal
 import threading
 from collections.abc import Callable
-from multiprocessing.queues import Queue
+from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
@@ -42,7 +43,7 @@ from fishserve.server.runtime import Runtime, build_local_runtime
 log = logging.getLogger(__name__)
 # How often the core sends its counters (health, metrics, memory checks read the last one).
 STATUS_INTERVAL_S = 0.25
-# How often a blocked queue read wakes up to check that the other process is still there.
+# How often a wait for the core's first message checks that the process is still there.
 POLL_S = 0.5
 LOG_FORMAT = "%(asctime)s %(levelname)s [engine-core] %(name)s: %(message)s"
 
@@ -65,38 +66,74 @@ def portable_exception(exc: BaseException) -> BaseException:
     return RuntimeError(str(exc))
 
 
-def core_main(config: ServerConfig, inbox: Queue, outbox: Queue, log_level: int) -> None:
+class Sender:
+    """Sends messages on a pipe from a daemon thread: `put` never blocks the caller.
+
+    A message that cannot be pickled is logged and dropped; once the other end is closed,
+    messages are dropped silently (that process is gone).
+    """
+
+    def __init__(self, conn: Connection, name: str) -> None:
+        self.conn = conn
+        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, message: tuple[Any, ...]) -> None:
+        """Queue `message` for sending."""
+        self._queue.put(message)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what is queued, then stop the thread and close the pipe."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+        self.conn.close()
+
+    def _run(self) -> None:
+        while (message := self._queue.get()) is not None:
+            try:
+                self.conn.send(message)
+            except (OSError, EOFError):
+                return  # the reading process is gone
+            except Exception:
+                log.exception("cannot send a %r message", message[0])
+
+
+def core_main(config: ServerConfig, inbox: Connection, outbox: Connection, log_level: int) -> None:
     """Entry point of the engine-core process: load, say ready (or why not), serve, stop.
 
     Args:
-        inbox: messages from the HTTP process; outbox: messages to it (module docstring).
+        inbox: the pipe end messages from the HTTP process arrive on; outbox: the pipe end
+            messages to it go to (module docstring).
         log_level: the HTTP process's logging level.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the HTTP process, which stops us
     logging.basicConfig(level=log_level, format=LOG_FORMAT)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
+    sender = Sender(outbox, "fishserve-core-tx")
     try:
         runtime = build_local_runtime(config)
     except BaseException as exc:  # reported to the HTTP process, which raises it
-        outbox.put(("failed", portable_exception(exc)))
+        sender.put(("failed", portable_exception(exc)))
+        sender.close()
         return
-    outbox.put(("ready", runtime.info))
+    sender.put(("ready", runtime.info))
     try:
-        asyncio.run(CoreServer(runtime, inbox, outbox).run())
+        asyncio.run(CoreServer(runtime, inbox, sender).run())
     finally:
         runtime.shutdown()
+        sender.close()
     log.info("engine core stopped")
 
 
 class CoreServer:
     """Serves the HTTP process's messages with a local `Runtime` (one asyncio loop)."""
 
-    def __init__(self, runtime: Runtime, inbox: Queue, outbox: Queue) -> None:
+    def __init__(self, runtime: Runtime, inbox: Connection, outbox: Sender) -> None:
         self.runtime = runtime
         self.inbox, self.outbox = inbox, outbox
         self.tasks: dict[int, asyncio.Task[None]] = {}
-        self.parent = os.getppid()
 
     async def run(self) -> None:
         """Until a shutdown message, or the HTTP process is gone."""
@@ -117,13 +154,9 @@ class CoreServer:
         """Reader thread: hand each message to the loop; stop when told or orphaned."""
         while True:
             try:
-                message = self.inbox.get(timeout=POLL_S)
-            except queue.Empty:
-                if os.getppid() == self.parent:
-                    continue
-                log.warning("the HTTP process is gone; stopping")
-                message = ("shutdown",)
+                message = self.inbox.recv()
             except (EOFError, OSError):
+                log.warning("the HTTP process is gone; stopping")
                 message = ("shutdown",)
             if message[0] == "shutdown":
                 loop.call_soon_threadsafe(stop.set)

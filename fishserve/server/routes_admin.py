@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 
 from fishserve.server.errors import ApiError
 from fishserve.server.routes_tts import DEFAULT_VOICE, parse_body
+from fishserve.server.runtime import ServingRuntime
 from fishserve.server.state import ServerState
 from fishserve.server.voices import validate_voice_id
 
@@ -106,10 +107,13 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
     }
     if runtime is None:
         waits = (config.lazy_load or config.idle_unload_seconds) and state.load_error is None
+        error = state.load_error
+        if state.restarting:
+            waits, error = False, "the engine process died; a new one is loading"
         return {
             "status": "ok" if waits else "unhealthy",
             "loaded": False,
-            "error": state.load_error,
+            "error": error,
             "model": model,
             "requests": None,
             "kv_cache": None,
@@ -123,10 +127,11 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
     if not now.alive:
         status = "unhealthy"
     model.update(dtype=info.weight_dtype, device=info.device, kv_cache_dtype=info.kv_cache_dtype)
+    model["engine_process"] = getattr(runtime, "restartable", False)
     report = {
         "status": status,
         "loaded": True,
-        "error": None if now.alive else "the engine has stopped",
+        "error": None if now.alive else _engine_down(runtime),
         "model": model,
         "requests": {"running": stats.running, "waiting": stats.waiting},
         "kv_cache": {
@@ -138,6 +143,13 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
         "gpu_memory": now.gpu_memory,
     }
     return report, 503 if status == "unhealthy" else 200
+
+
+def _engine_down(runtime: ServingRuntime) -> str:
+    """Why an unhealthy engine is unhealthy, and whether it comes back by itself."""
+    if getattr(runtime, "restartable", False):
+        return "the engine process is not running; a new one is being started"
+    return "the engine thread has stopped; restart the server"
 
 
 @router.api_route("/v1/health", methods=["GET", "HEAD", "POST"])

@@ -229,6 +229,12 @@ def check_settings(config: ServerConfig) -> None:
                 f"gpu_memory_budget {config.gpu_memory_budget!r} is a fraction of GPU memory, "
                 f"but the device is {device}: give a size such as 4GiB"
             )
+    if config.num_kv_blocks is not None and config.gpu_memory_budget is not None:
+        log.warning(
+            "gpu_memory_budget %s is not used: num_kv_blocks (%d) fixes the KV pool",
+            config.gpu_memory_budget,
+            config.num_kv_blocks,
+        )
     if config.checkpoint is not None and not config.checkpoint.is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {config.checkpoint}")
     for name in ("decoder_checkpoint", "decoder_config"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -40,6 +41,7 @@ class ServerState:
         self._lock = asyncio.Lock()
         self.active_requests = 0
         self.last_activity = time.monotonic()
+        self.restarting = False  # a dead engine process is being replaced (`watch_engine`)
 
     @property
     def runtime(self) -> ServingRuntime | None:
@@ -89,6 +91,29 @@ class ServerState:
         """Count an active request for idle tracking and give it the runtime."""
         with self.busy():
             yield await self.load()
+
+    async def watch_engine(self, interval: float = 1.0) -> None:
+        """Replace a dead engine process (killed, crashed) by a new one (runs forever).
+
+        Requests that were running in it have already failed (503); requests arriving while
+        the new one loads wait for it, as after an idle unload. A failed start is retried
+        every `interval` seconds by the next request or check, with /health saying why.
+        """
+        while True:
+            await asyncio.sleep(interval)
+            runtime = self._runtime
+            if runtime is None or not getattr(runtime, "restartable", False):
+                continue
+            if runtime.status().alive:
+                continue
+            log.error("the engine process is not running; starting a new one")
+            self.restarting = True
+            try:
+                await self.unload()
+                with contextlib.suppress(ModelLoadError):  # logged; /health shows load_error
+                    await self.load()
+            finally:
+                self.restarting = False
 
     async def watch_idle(self) -> None:
         """Unload the models after `idle_unload_seconds` without requests (runs forever)."""
