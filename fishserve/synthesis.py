@@ -193,15 +193,14 @@ def run_synth(opts: SynthesisOptions, console: Console) -> None:
     dummy = opts.checkpoint is None or opts.load_format == "dummy"
     if dummy:
         console.print(RANDOM_WEIGHTS_WARNING, soft_wrap=True)
-    # The (small) decoder first: missing decoder weights are reported before the big model loads.
-    decoder = load_decoder(
-        opts.decoder_checkpoint, opts.decoder_config, opts.checkpoint, device, dummy
-    )
     model, tokenizer = load_text2semantic(
         opts.checkpoint,
         device=device,
         dtype=resolve_dtype(opts.dtype, device),
         load_format="dummy" if dummy else opts.load_format,
+    )
+    decoder = load_decoder(
+        opts.decoder_checkpoint, opts.decoder_config, opts.checkpoint, device, dummy
     )
     max_new_tokens = opts.max_new_tokens
     if max_new_tokens is None:
