@@ -166,6 +166,27 @@ def check_synth_options(opts: SynthesisOptions) -> None:
     ):
         if path is not None and not path.is_file():
             raise FileNotFoundError(f"{option} file not found: {path}")
+    check_model_files(opts)
+
+
+def check_model_files(opts: SynthesisOptions) -> None:
+    """The checkpoint folder and decoder weights exist (before anything loads).
+
+    Raises:
+        FileNotFoundError: a missing folder or file, or no decoder weights with real weights.
+    """
+    if opts.checkpoint is not None and not opts.checkpoint.is_dir():
+        raise FileNotFoundError(f"checkpoint folder not found: {opts.checkpoint}")
+    if opts.decoder_checkpoint is not None and not opts.decoder_checkpoint.is_file():
+        raise FileNotFoundError(f"--decoder-checkpoint file not found: {opts.decoder_checkpoint}")
+    dummy = opts.checkpoint is None or opts.load_format == "dummy"
+    if dummy or opts.decoder_checkpoint is not None:
+        return
+    if not (opts.checkpoint / DECODER_FILENAME).is_file():
+        raise FileNotFoundError(
+            f"no decoder weights: pass --decoder-checkpoint or put {DECODER_FILENAME} in "
+            f"{opts.checkpoint}"
+        )
 
 
 def sampling_params(opts: SynthesisOptions) -> SamplingParams:

@@ -338,3 +338,11 @@ def test_max_new_tokens_zero_means_until_the_context_is_full():
     assert synthesis.sampling_params(
         synthesis.SynthesisOptions(text="Hi.", output=Path("x.wav"), temperature=0)
     ).temperature == pytest.approx(1e-5)
+
+
+def test_synth_reports_missing_decoder_weights_before_loading(monkeypatch):
+    import fishserve.synthesis as synthesis
+
+    monkeypatch.setattr(synthesis, "load_text2semantic", lambda *a, **k: pytest.fail("loaded"))
+    result = invoke("synth", "--checkpoint", str(TINY_T2S), "--text", "hi", "--output", "x.wav")
+    assert result.exit_code == 2 and "no decoder weights" in result.output
