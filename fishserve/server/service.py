@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fishserve.engine.async_engine import EngineBusyError, EngineDeadError
 from fishserve.engine.engine import GenerationRequest
 from fishserve.models.prompt import Reference
 from fishserve.server.metrics import Metrics
@@ -43,6 +44,9 @@ __all__ = [
     "stream_audio",
 ]
 log = logging.getLogger(__name__)
+# Raised before any audio, these become HTTP 4xx/429/503 responses, which the error handler
+# counts as refusals (`errors.handle_any`); counting them here too would count them twice.
+REFUSALS = (ValueError, EngineBusyError, EngineDeadError)
 
 
 @dataclass
@@ -99,12 +103,13 @@ async def stream_audio(
                 yield chunk.samples
         outcome = "stop"
     except Exception as exc:
-        outcome = _failure_reason(exc)
+        refused = timing.first_audio is None and isinstance(exc, REFUSALS)
+        outcome = "refused" if refused else _failure_reason(exc)
         raise
     finally:
         if outcome == "stop":
             _record_finish(timing, metrics, runtime.sample_rate)
-        else:
+        elif outcome != "refused":  # a refusal becomes a 4xx/429/503, counted with those
             metrics.failure.labels(reason=outcome).inc()
 
 

@@ -51,7 +51,9 @@ def test_queue_overflow_gives_429_with_retry_after(tmp_path):
             assert busy.status_code == 429, busy.text
             assert busy.headers["retry-after"]
             assert httpx.get(live.url + "/health").json()["status"] == "busy"
-            assert 'request_failure_total{reason="busy"} 1.0' in metrics(live)
+            text = metrics(live)
+            assert 'request_failure_total{reason="busy"} 1.0' in text
+            assert 'request_failure_total{reason="error"}' not in text  # counted once
         finally:
             stop.set()
             for t in holders:
