@@ -17,6 +17,7 @@ import itertools
 import logging
 import multiprocessing as mp
 import threading
+import time
 from collections.abc import AsyncIterator
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -28,7 +29,7 @@ from fishserve.engine.async_engine import EngineDeadError
 from fishserve.engine.engine import EngineStats, GenerationRequest
 from fishserve.server.config import ServerConfig
 from fishserve.server.engine_core import POLL_S, Sender, core_main
-from fishserve.server.pipeline import AudioChunk
+from fishserve.server.pipeline import AudioChunk, within
 from fishserve.server.runtime import RuntimeInfo, RuntimeStatus
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,12 @@ log = logging.getLogger(__name__)
 SHUTDOWN_WAIT_S = 30.0
 # Messages routed per reader wake-up at most.
 READ_BATCH = 256
+# Seconds without a status message (sent every 0.25 s) after which the core counts as stalled:
+# unhealthy, though not restarted (a long pause may end).
+STALE_S = 10.0
+# Seconds past a request's timeout that the HTTP side waits for the core (which enforces the
+# timeout itself) before giving up on a stalled core.
+TIMEOUT_GRACE_S = 5.0
 _Mailbox = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[tuple[Any, ...]]"]
 
 
@@ -116,6 +123,7 @@ class RemoteRuntime:
         self._status = RuntimeStatus(EngineStats(0, 0, 0, 0, 0, 0), True, None, False, 0.0, 0, 0)
         self._dead = False
         self._stopping = False
+        self._status_at = time.monotonic()
         self._reader = threading.Thread(target=self._read, name="fishserve-core-rx", daemon=True)
         self._reader.start()
         atexit.register(self.shutdown)  # before multiprocessing's exit hook joins the process
@@ -132,11 +140,16 @@ class RemoteRuntime:
 
     def status(self) -> RuntimeStatus:
         """The core's last counters (at most `STATUS_INTERVAL_S` old); not alive once the
-        process is gone."""
+        process is gone, or stalled (no status message for `STALE_S`)."""
         status = self._status
-        if self._dead or not self.process.is_alive():
+        stalled = time.monotonic() - self._status_at > STALE_S
+        if stalled or self.needs_restart():
             status = RuntimeStatus(**{**vars(status), "alive": False})
         return status
+
+    def needs_restart(self) -> bool:
+        """True when the core process is gone, or says its engine thread stopped."""
+        return self._dead or not self.process.is_alive() or not self._status.alive
 
     def memory_critical(self) -> bool:
         """True when the core last saw the device nearly out of memory."""
@@ -151,10 +164,11 @@ class RemoteRuntime:
         """
         rid, mailbox = self._open()
         done = False
+        deadline = time.monotonic() + timeout + TIMEOUT_GRACE_S
         try:
             self._inbox.put(("generate", rid, request, timeout))
             while True:
-                message = await mailbox.get()
+                message = await within(mailbox.get(), deadline, timeout)
                 if message[0] == "chunk":
                     yield message[2]
                     continue
@@ -237,7 +251,7 @@ class RemoteRuntime:
         with self._lock:
             for message in messages:
                 if message[0] == "status":
-                    self._status = message[1]
+                    self._status, self._status_at = message[1], time.monotonic()
                     continue
                 box = self._mailboxes.get(message[1])
                 if box is not None:

@@ -148,6 +148,8 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
 def _engine_down(runtime: ServingRuntime) -> str:
     """Why an unhealthy engine is unhealthy, and whether it comes back by itself."""
     if getattr(runtime, "restartable", False):
+        if not runtime.needs_restart():  # type: ignore[attr-defined]
+            return "the engine process has stopped responding"
         return "the engine process is not running; a new one is being started"
     return "the engine thread has stopped; restart the server"
 

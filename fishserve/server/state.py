@@ -16,6 +16,9 @@ from fishserve.server.runtime import ServingRuntime
 from fishserve.server.voices import VoiceStore
 
 log = logging.getLogger(__name__)
+# Seconds after a failed model load during which requests fail at once instead of each
+# loading again (a load takes seconds to minutes).
+LOAD_RETRY_S = 10.0
 
 
 class ModelLoadError(RuntimeError):
@@ -42,6 +45,7 @@ class ServerState:
         self.active_requests = 0
         self.last_activity = time.monotonic()
         self.restarting = False  # a dead engine process is being replaced (`watch_engine`)
+        self._failed_at = -LOAD_RETRY_S  # monotonic time of the last failed load
 
     @property
     def runtime(self) -> ServingRuntime | None:
@@ -56,11 +60,18 @@ class ServerState:
             ModelLoadError: the models failed to load (the message says why).
         """
         async with self._lock:
+            failed_ago = time.monotonic() - self._failed_at
+            if self._runtime is None and failed_ago < LOAD_RETRY_S:  # requests queued behind
+                raise ModelLoadError(  # a failed load do not each load again
+                    f"the models failed to load: {self.load_error} (next try in "
+                    f"{LOAD_RETRY_S - failed_ago:.0f} s)"
+                )
             if self._runtime is None:
                 log.info("loading models")
                 try:
                     self._runtime = await asyncio.to_thread(self._build, self.config)
                 except Exception as exc:
+                    self._failed_at = time.monotonic()
                     self.load_error = _describe(exc)
                     log.error("loading models failed: %s", self.load_error, exc_info=_bug(exc))
                     raise ModelLoadError(f"the models failed to load: {self.load_error}") from exc
@@ -104,7 +115,7 @@ class ServerState:
             runtime = self._runtime
             if runtime is None or not getattr(runtime, "restartable", False):
                 continue
-            if runtime.status().alive:
+            if not runtime.needs_restart():  # type: ignore[attr-defined]
                 continue
             log.error("the engine process is not running; starting a new one")
             self.restarting = True

@@ -159,3 +159,25 @@ def test_exceptions_that_cannot_be_pickled_arrive_as_their_base():
     assert type(sent) is AudioDecodeError and str(sent) == "the reference audio is silent"
     plain = ValueError("bad")
     assert portable_exception(plain) is plain
+
+
+def test_a_stalled_core_times_requests_out_and_is_reported(tmp_path, monkeypatch):
+    import fishserve.server.core_client as core_client
+
+    monkeypatch.setattr(core_client, "TIMEOUT_GRACE_S", 0.5)
+    monkeypatch.setattr(core_client, "STALE_S", 1.0)
+    config = tiny_server_config(tmp_path, engine_process="on", threads=1, request_timeout=1)
+    with LiveServer(config) as live:
+        pid = live.state.runtime.process.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            response = post(live, "/v1/tts", json={"text": "Anyone?", **FIXED})
+            assert response.status_code == 504, response.text
+            assert time.monotonic() - started < 10
+            health = httpx.get(live.url + "/health")
+            assert health.status_code == 503
+            assert "stopped responding" in health.json()["error"]
+            assert live.state.runtime.process.pid == pid  # stalled is not dead: not replaced
+        finally:
+            os.kill(pid, signal.SIGCONT)

@@ -148,3 +148,30 @@ def test_lazy_load_of_a_broken_checkpoint_is_reported(tmp_path):
         assert health.status_code == 503
         assert health.json()["status"] == "unhealthy"
         assert "checkpoint folder not found" in health.json()["error"]
+
+
+def test_requests_right_after_a_failed_load_do_not_load_again(tmp_path, monkeypatch):
+    calls = []
+
+    def failing_build(config):
+        calls.append(1)
+        raise FileNotFoundError("checkpoint folder not found: nowhere")
+
+    from fishserve.server.state import ModelLoadError, ServerState
+
+    state = ServerState(tiny_server_config(tmp_path, lazy_load=True), failing_build)
+
+    async def three_requests() -> list[str]:
+        messages = []
+        for _ in range(3):
+            with pytest.raises(ModelLoadError) as info:
+                await state.load()
+            messages.append(str(info.value))
+        return messages
+
+    import asyncio
+
+    messages = asyncio.run(three_requests())
+    assert len(calls) == 1  # the other two failed at once, with the same reason
+    assert all("checkpoint folder not found" in m for m in messages)
+    assert "next try in" in messages[1]
