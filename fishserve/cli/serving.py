@@ -180,4 +180,5 @@ def serve(
         runtime = build_runtime(settings)
     app_ = create_app(settings, build_runtime, runtime)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()  # -v/-q
-    uvicorn.run(app_, host=settings.host, port=settings.port, log_level=level)
+    # log_config=None: uvicorn's lines go through our handler, with timestamps like ours
+    uvicorn.run(app_, host=settings.host, port=settings.port, log_level=level, log_config=None)
