@@ -33,7 +33,7 @@ from fishserve.server.pipeline import AudioChunk, within
 from fishserve.server.runtime import RuntimeInfo, RuntimeStatus
 
 log = logging.getLogger(__name__)
-# Seconds `shutdown` waits for the core to stop by itself before terminating it.
+# Seconds `shutdown` waits for the core to stop by itself before killing it.
 SHUTDOWN_WAIT_S = 30.0
 # Messages routed per reader wake-up at most.
 READ_BATCH = 256
@@ -43,6 +43,9 @@ STALE_S = 10.0
 # Seconds past a request's timeout that the HTTP side waits for the core (which enforces the
 # timeout itself) before giving up on a stalled core.
 TIMEOUT_GRACE_S = 5.0
+# Seconds the HTTP side waits for a reference to be encoded (a 30 s reference takes well under
+# a second on a GPU, a few seconds on a CPU).
+ENCODE_TIMEOUT_S = 60.0
 _Mailbox = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[tuple[Any, ...]]"]
 
 
@@ -68,7 +71,10 @@ def start_remote_runtime(config: ServerConfig) -> RemoteRuntime:
     log.info("engine core started (pid %d); loading models there", process.pid)
     try:
         message = _first_message(process, outbox_r)
-    except BaseException:
+    except BaseException:  # a load error, or Ctrl-C while loading: no core left behind
+        if process.is_alive():
+            process.kill()
+        process.join(SHUTDOWN_WAIT_S)
         inbox_w.close()
         outbox_r.close()
         raise
@@ -183,13 +189,15 @@ class RemoteRuntime:
         """``(G, L)`` int64 CPU codes of reference audio, encoded in the core.
 
         Raises:
-            ReferenceAudioError (as its base AudioDecodeError): bad audio; EngineDeadError.
+            ReferenceAudioError (as its base AudioDecodeError): bad audio; EngineDeadError;
+            SynthesisTimeoutError: no answer in `ENCODE_TIMEOUT_S` (a stalled core).
         """
         rid, mailbox = self._open()
         done = False
+        deadline = time.monotonic() + ENCODE_TIMEOUT_S
         try:
             self._inbox.put(("encode", rid, bytes(audio)))
-            message = await mailbox.get()
+            message = await within(mailbox.get(), deadline, ENCODE_TIMEOUT_S)
             done = True
             if message[0] == "error":
                 raise message[2]
@@ -205,8 +213,8 @@ class RemoteRuntime:
             self._inbox.put(("shutdown",))
             self.process.join(SHUTDOWN_WAIT_S)
             if self.process.is_alive():
-                log.warning("the engine core did not stop in %.0f s; terminating", SHUTDOWN_WAIT_S)
-                self.process.terminate()
+                log.warning("the engine core did not stop in %.0f s; killing it", SHUTDOWN_WAIT_S)
+                self.process.kill()  # SIGKILL: also ends a stopped (SIGSTOPped) process
                 self.process.join(5)
         self._inbox.close()
         self._fail_all("the engine process stopped")
@@ -243,6 +251,7 @@ class RemoteRuntime:
                 break
             self._deliver(messages)
         if not self._stopping:
+            self.process.join(1)  # for its exit code
             log.error("the engine process exited unexpectedly (code %s)", self.process.exitcode)
         self._fail_all("the engine process is not running")
 

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import pickle
 import queue
 import signal
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -108,6 +110,10 @@ def core_main(config: ServerConfig, inbox: Connection, outbox: Connection, log_l
         log_level: the HTTP process's logging level.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the HTTP process, which stops us
+    orphan_watch = threading.Thread(
+        target=_exit_when_orphaned, args=(os.getppid(),), name="fishserve-core-orphan", daemon=True
+    )
+    orphan_watch.start()
     logging.basicConfig(level=log_level, format=LOG_FORMAT)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
@@ -125,6 +131,14 @@ def core_main(config: ServerConfig, inbox: Connection, outbox: Connection, log_l
         runtime.shutdown()
         sender.close()
     log.info("engine core stopped")
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    """Exit at once when the HTTP process is gone, even while loading (its pipe's end of file
+    is only read after the load, which can take minutes and hold the GPU)."""
+    while os.getppid() == parent:
+        time.sleep(POLL_S)
+    os._exit(1)
 
 
 class CoreServer:

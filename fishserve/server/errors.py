@@ -22,6 +22,7 @@ from fishserve.audio.io import AudioDecodeError
 from fishserve.engine.async_engine import EngineBusyError, EngineDeadError
 from fishserve.engine.engine import KVPoolTooSmallError
 from fishserve.engine.reference import PromptTooLongError
+from fishserve.server.metrics import was_counted
 from fishserve.server.pipeline import ContextFullError, SynthesisError, SynthesisTimeoutError
 from fishserve.server.state import ModelLoadError
 from fishserve.server.voices import InvalidVoiceIdError, VoiceExistsError, VoiceNotFoundError
@@ -176,7 +177,7 @@ async def handle_any(request: Request, exc: Exception) -> JSONResponse:
         return error_response(422, message, param)
     log_unexpected(exc, f"{request.method} {request.url.path}")
     response = response_for(exc)
-    if not isinstance(exc, SynthesisError):  # counted by stream_audio
+    if not isinstance(exc, SynthesisError) and not was_counted(exc):  # else by stream_audio
         _count_refusal(request, response.status_code)
     return response
 

@@ -15,6 +15,20 @@ _LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 6
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
 
 
+# Set on an exception whose failure is already counted (`request_failure_total`).
+COUNTED_ATTR = "_fishserve_counted"
+
+
+def mark_counted(exc: BaseException) -> None:
+    """Note that `exc`'s request failure has been counted."""
+    setattr(exc, COUNTED_ATTR, True)
+
+
+def was_counted(exc: BaseException) -> bool:
+    """Whether `mark_counted(exc)` was called."""
+    return getattr(exc, COUNTED_ATTR, False)
+
+
 class Metrics:
     """All server metrics on a private registry (several servers may live in one process)."""
 

@@ -24,7 +24,7 @@ import numpy as np
 from fishserve.engine.async_engine import EngineBusyError, EngineDeadError
 from fishserve.engine.engine import GenerationRequest
 from fishserve.models.prompt import Reference
-from fishserve.server.metrics import Metrics
+from fishserve.server.metrics import Metrics, mark_counted
 from fishserve.server.pipeline import (
     AudioChunk,
     ContextFullError,
@@ -105,6 +105,8 @@ async def stream_audio(
     except Exception as exc:
         refused = timing.first_audio is None and isinstance(exc, REFUSALS)
         outcome = "refused" if refused else _failure_reason(exc)
+        if not refused:
+            mark_counted(exc)  # the error handler must not count it again as a refusal
         raise
     finally:
         if outcome == "stop":

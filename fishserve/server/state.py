@@ -45,6 +45,7 @@ class ServerState:
         self.active_requests = 0
         self.last_activity = time.monotonic()
         self.restarting = False  # a dead engine process is being replaced (`watch_engine`)
+        self._replacing = False  # a replacement is still owed (its load failed)
         self._failed_at = -LOAD_RETRY_S  # monotonic time of the last failed load
 
     @property
@@ -103,28 +104,36 @@ class ServerState:
         with self.busy():
             yield await self.load()
 
-    async def watch_engine(self, interval: float = 1.0) -> None:
+    async def watch_engine(self, interval: float = 0.25) -> None:
         """Replace a dead engine process (killed, crashed) by a new one (runs forever).
 
         Requests that were running in it have already failed (503); requests arriving while
-        the new one loads wait for it, as after an idle unload. A failed start is retried
-        every `interval` seconds by the next request or check, with /health saying why.
+        the new one loads wait for it, as after an idle unload. If the new one fails to load,
+        loading is tried again every `LOAD_RETRY_S` seconds, with /health saying why.
         """
         while True:
             await asyncio.sleep(interval)
             runtime = self._runtime
-            if runtime is None or not getattr(runtime, "restartable", False):
+            if runtime is None:
+                if self._replacing and time.monotonic() - self._failed_at >= LOAD_RETRY_S:
+                    await self._replace(None)
                 continue
-            if not runtime.needs_restart():  # type: ignore[attr-defined]
-                continue
-            log.error("the engine process is not running; starting a new one")
-            self.restarting = True
-            try:
+            restartable = getattr(runtime, "restartable", False)
+            if restartable and runtime.needs_restart():  # type: ignore[attr-defined]
+                log.error("the engine process is not running; starting a new one")
+                await self._replace(runtime)
+
+    async def _replace(self, runtime: ServingRuntime | None) -> None:
+        """Unload `runtime` (if any) and load a new one; a failure is retried later."""
+        self.restarting = self._replacing = True
+        try:
+            if runtime is not None:
                 await self.unload()
-                with contextlib.suppress(ModelLoadError):  # logged; /health shows load_error
-                    await self.load()
-            finally:
-                self.restarting = False
+            with contextlib.suppress(ModelLoadError):  # logged; /health shows load_error
+                await self.load()
+                self._replacing = False
+        finally:
+            self.restarting = False
 
     async def watch_idle(self) -> None:
         """Unload the models after `idle_unload_seconds` without requests (runs forever)."""

@@ -166,6 +166,7 @@ def test_a_stalled_core_times_requests_out_and_is_reported(tmp_path, monkeypatch
 
     monkeypatch.setattr(core_client, "TIMEOUT_GRACE_S", 0.5)
     monkeypatch.setattr(core_client, "STALE_S", 1.0)
+    monkeypatch.setattr(core_client, "ENCODE_TIMEOUT_S", 1.0)
     config = tiny_server_config(tmp_path, engine_process="on", threads=1, request_timeout=1)
     with LiveServer(config) as live:
         pid = live.state.runtime.process.pid
@@ -179,5 +180,57 @@ def test_a_stalled_core_times_requests_out_and_is_reported(tmp_path, monkeypatch
             assert health.status_code == 503
             assert "stopped responding" in health.json()["error"]
             assert live.state.runtime.process.pid == pid  # stalled is not dead: not replaced
+            files = {"audio": ("ref.wav", wav(TONE), "audio/wav")}
+            added = post(live, "/v1/references/add", data={"id": "v", "text": "x"}, files=files)
+            assert added.status_code == 504, added.text
         finally:
             os.kill(pid, signal.SIGCONT)
+
+
+def test_a_replacement_that_fails_to_load_is_tried_again(tmp_path, monkeypatch):
+    import asyncio
+
+    import fishserve.server.state as state_module
+    from fishserve.server.state import ServerState
+
+    monkeypatch.setattr(state_module, "LOAD_RETRY_S", 0.3)
+
+    class DeadCore:
+        restartable = True
+
+        def needs_restart(self) -> bool:
+            return True
+
+        def shutdown(self) -> None:
+            pass
+
+        def status(self):  # for the metrics of an unload
+            from fishserve.engine.engine import EngineStats
+            from fishserve.server.runtime import RuntimeStatus
+
+            return RuntimeStatus(EngineStats(0, 0, 0, 0, 0, 0), False, None, False, 0.0, 0, 0)
+
+    class Healthy(DeadCore):
+        def needs_restart(self) -> bool:
+            return False
+
+    builds = []
+
+    def build(config):
+        builds.append(1)
+        if len(builds) == 1:
+            raise RuntimeError("the engine process exited (code -9) while loading the models")
+        return Healthy()
+
+    state = ServerState(tiny_server_config(tmp_path), build, DeadCore())
+
+    async def run() -> None:
+        watcher = asyncio.create_task(state.watch_engine(interval=0.05))
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if isinstance(state.runtime, Healthy):
+                break
+        watcher.cancel()
+
+    asyncio.run(run())
+    assert len(builds) == 2 and isinstance(state.runtime, Healthy)

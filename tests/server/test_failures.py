@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import httpx
+import numpy as np
 import pytest
 from conftest import LiveServer, tiny_server_config
 
@@ -285,3 +286,22 @@ def test_idle_clock_restarts_when_a_stream_ends(server):
         for _ in chunks:
             pass
     assert server.state.last_activity > first_byte
+
+
+def test_a_failure_after_audio_is_counted_once(tmp_path):
+    """A non-streamed request whose engine dies after some audio: one failure, not also a 503
+    refusal."""
+    from fishserve.engine.async_engine import EngineDeadError
+    from fishserve.server.pipeline import AudioChunk
+
+    with LiveServer(tiny_server_config(tmp_path)) as live:
+
+        async def dies_after_audio(request, timeout):
+            yield AudioChunk(np.zeros(256, dtype=np.float32), 0.0)
+            raise EngineDeadError("the engine process is not running")
+
+        live.state.runtime.synthesize = dies_after_audio
+        response = httpx.post(live.url + "/v1/tts", json={"text": "Hi."}, timeout=60)
+        assert response.status_code == 503
+        assert failures(live, "error") == 1
+        assert failures(live, "overloaded") == 0
