@@ -127,7 +127,7 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
     if not now.alive:
         status = "unhealthy"
     model.update(dtype=info.weight_dtype, device=info.device, kv_cache_dtype=info.kv_cache_dtype)
-    model["engine_process"] = getattr(runtime, "restartable", False)
+    model["engine_process"] = runtime.restartable
     report = {
         "status": status,
         "loaded": True,
@@ -147,8 +147,8 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
 
 def _engine_down(runtime: ServingRuntime) -> str:
     """Why an unhealthy engine is unhealthy, and whether it comes back by itself."""
-    if getattr(runtime, "restartable", False):
-        if not runtime.needs_restart():  # type: ignore[attr-defined]
+    if runtime.restartable:
+        if not runtime.needs_restart():
             return "the engine process has stopped responding"
         return "the engine process is not running; a new one is being started"
     return "the engine thread has stopped; restart the server"

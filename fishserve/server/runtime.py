@@ -97,7 +97,11 @@ class ServingRuntime(Protocol):
     @property
     def max_seq_len(self) -> int: ...
 
+    restartable: bool  # the engine runs in its own process, which can be replaced
+
     def status(self) -> RuntimeStatus: ...
+
+    def needs_restart(self) -> bool: ...
 
     def memory_critical(self) -> bool: ...
 
@@ -122,6 +126,11 @@ class Runtime:
     chunk_policy: ChunkPolicy
     device: torch.device
     weight_dtype: torch.dtype
+    restartable = False  # the engine shares this process: a dead engine thread stays dead
+
+    def needs_restart(self) -> bool:
+        """Always False: an in-process engine is never replaced."""
+        return False
 
     @property
     def info(self) -> RuntimeInfo:
@@ -169,7 +178,7 @@ class Runtime:
         if self.device.type != "cuda":
             return False
         free, total = torch.cuda.mem_get_info(self.device)
-        return free < CRITICAL_FREE_FRACTION * total
+        return _critical(free, total)
 
     def gpu_memory(self) -> dict[str, int] | None:
         """Bytes of the device: used (all processes) and total (`cudaMemGetInfo`), the memory
@@ -187,17 +196,25 @@ class Runtime:
         }
 
     def status(self) -> RuntimeStatus:
-        """Counters and device memory now."""
-        runner = self.decode_worker.runner
+        """Counters and device memory now (one `cudaMemGetInfo`)."""
+        runner, gpu = self.decode_worker.runner, self.gpu_memory()
+        critical = gpu is not None and _critical(
+            gpu["total_bytes"] - gpu["used_bytes"], gpu["total_bytes"]
+        )
         return RuntimeStatus(
             engine=self.engine.stats(),
             alive=self.engine.alive,
-            gpu_memory=self.gpu_memory(),
-            memory_critical=self.memory_critical(),
+            gpu_memory=gpu,
+            memory_critical=critical,
             decoder_busy_seconds=runner.busy_seconds,
             decoder_calls=runner.calls,
             decoder_frames=runner.frames_decoded,
         )
+
+
+def _critical(free: int, total: int) -> bool:
+    """Free device bytes below `CRITICAL_FREE_FRACTION` of the total."""
+    return free < CRITICAL_FREE_FRACTION * total
 
 
 # Decoder activation bytes per output sample per byte of weight dtype, measured on an H200 with
@@ -229,12 +246,6 @@ def check_settings(config: ServerConfig) -> None:
                 f"gpu_memory_budget {config.gpu_memory_budget!r} is a fraction of GPU memory, "
                 f"but the device is {device}: give a size such as 4GiB"
             )
-    if config.num_kv_blocks is not None and config.gpu_memory_budget is not None:
-        log.warning(
-            "gpu_memory_budget %s is not used: num_kv_blocks (%d) fixes the KV pool",
-            config.gpu_memory_budget,
-            config.num_kv_blocks,
-        )
     if config.checkpoint is not None and not config.checkpoint.is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {config.checkpoint}")
     for name in ("decoder_checkpoint", "decoder_config"):
@@ -261,7 +272,8 @@ def build_runtime(config: ServerConfig) -> ServingRuntime:
     this one.
 
     Raises:
-        FileNotFoundError, ValueError: as `build_local_runtime`.
+        FileNotFoundError, ValueError: bad settings or paths (`check_settings`), bad model
+            files or a too small budget (`build_local_runtime`).
         RuntimeError: the engine-core process died while loading.
     """
     check_settings(config)
@@ -273,13 +285,19 @@ def build_runtime(config: ServerConfig) -> ServingRuntime:
 
 
 def build_local_runtime(config: ServerConfig) -> Runtime:
-    """Load the models and start the engine and decoder threads in this process.
+    """Load the models and start the engine and decoder threads in this process (settings
+    already checked by `check_settings`, as `build_runtime` does).
 
     Raises:
-        FileNotFoundError, ValueError: bad model paths or settings (see `check_settings`),
-            or a memory budget too small for the models (`InsufficientMemoryError`).
+        FileNotFoundError, ValueError: bad model files, or a memory budget too small for the
+            models (`InsufficientMemoryError`).
     """
-    check_settings(config)
+    if config.num_kv_blocks is not None and config.gpu_memory_budget is not None:
+        log.warning(
+            "gpu_memory_budget %s is not used: num_kv_blocks (%d) fixes the KV pool",
+            config.gpu_memory_budget,
+            config.num_kv_blocks,
+        )
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     device = resolve_device(config.device)
     if device.type == "cuda":

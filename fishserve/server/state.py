@@ -118,8 +118,7 @@ class ServerState:
                 if self._replacing and time.monotonic() - self._failed_at >= LOAD_RETRY_S:
                     await self._replace(None)
                 continue
-            restartable = getattr(runtime, "restartable", False)
-            if restartable and runtime.needs_restart():  # type: ignore[attr-defined]
+            if runtime.restartable and runtime.needs_restart():
                 log.error("the engine process is not running; starting a new one")
                 await self._replace(runtime)
 
