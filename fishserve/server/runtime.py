@@ -47,7 +47,6 @@ class RuntimeInfo:
 
     Attributes:
         sample_rate: output sample rate in Hz (44,100 for the release).
-        frame_samples: output samples per code frame (2,048 for the release).
         max_seq_len: positions of the model's context (prompt + generated frames of a segment).
         device: where the models run, e.g. ``cuda:0``.
         weight_dtype: weight dtype name, e.g. ``bfloat16``.
@@ -56,7 +55,6 @@ class RuntimeInfo:
     """
 
     sample_rate: int
-    frame_samples: int
     max_seq_len: int
     device: str
     weight_dtype: str
@@ -138,7 +136,6 @@ class Runtime:
         layout = self.engine.engine.cache.layout
         return RuntimeInfo(
             sample_rate=self.sample_rate,
-            frame_samples=self.decoder.config.frame_samples,
             max_seq_len=self.max_seq_len,
             device=str(self.device),
             weight_dtype=str(self.weight_dtype).removeprefix("torch."),
