@@ -5,7 +5,10 @@ any job length. :class:`DecoderRunner` rounds every call up to a fixed bucket, t
 next of 1, 2, 4, ... ``max_batch`` and the frames to the next of ``frame_buckets`` (by default
 the job lengths the chunk schedule produces, :func:`frame_buckets_for`), so that on the GPU:
 
-* optionally (``channels_last=True``) the head runs as channels_last conv2d (no cuDNN
+* on CUDA the HiFi-GAN head runs as fused channels-last Triton convolutions
+  (:class:`~fishserve.models.firefly.triton_head.TritonHead`, ``kernels="triton"``, the default
+  where Triton is installed), or as PyTorch/cuDNN convolutions (``kernels="torch"``);
+* optionally (``channels_last=True``, PyTorch head) the head runs as channels_last conv2d (no cuDNN
   NCHW<->NHWC transposes, see :mod:`fishserve.models.firefly.layers`), and with
   ``compile=True`` inductor fuses the SiLU, padding and residual adds (dynamic shapes; all
   compilation happens at start-up, which then takes minutes on an H200). Both are off by
@@ -38,6 +41,7 @@ from torch import Tensor
 from fishserve.engine.busy_timer import BusyTimer
 from fishserve.engine.graph_decoder import graph_buckets
 from fishserve.models.firefly import FireflyConfig, FireflyGenerator
+from fishserve.models.firefly.triton_head import TritonHead, triton_head_available
 from fishserve.models.fusion import gpu_fused
 
 from .batching import DecodeJob, pad_jobs, split_samples
@@ -46,7 +50,24 @@ from .streaming import ChunkPolicy
 log = logging.getLogger(__name__)
 FRAME_ALIGN = 8  # frame buckets are multiples of 8 code frames (0.37 s at 21.53 frames/s)
 
-__all__ = ["DecoderRunner", "frame_buckets_for"]
+__all__ = ["DECODER_KERNELS", "DecoderRunner", "frame_buckets_for", "resolve_kernels"]
+DECODER_KERNELS = ("auto", "triton", "torch")
+
+
+def resolve_kernels(kernels: str, device: torch.device) -> str:
+    """``"auto"`` -> ``"triton"`` on CUDA with Triton installed, else ``"torch"``.
+
+    Raises:
+        ValueError: unknown name, or ``"triton"`` asked for without CUDA or without Triton.
+    """
+    if kernels not in DECODER_KERNELS:
+        raise ValueError(f"decoder kernels must be one of {', '.join(DECODER_KERNELS)}")
+    usable = device.type == "cuda" and triton_head_available()
+    if kernels == "triton" and not usable:
+        raise ValueError("decoder kernels 'triton' need a CUDA device and Triton installed")
+    if kernels == "auto":
+        return "triton" if usable else "torch"
+    return kernels
 
 
 def frame_buckets_for(policy: ChunkPolicy, config: FireflyConfig) -> tuple[int, ...]:
@@ -69,10 +90,14 @@ def frame_buckets_for(policy: ChunkPolicy, config: FireflyConfig) -> tuple[int, 
 
 
 def _decode(
-    codes: Tensor, lengths: Tensor, decoder: FireflyGenerator, channels_last: bool
+    codes: Tensor,
+    lengths: Tensor,
+    decoder: FireflyGenerator,
+    channels_last: bool,
+    head: TritonHead | None = None,
 ) -> Tensor:
-    """`FireflyGenerator.decode_unchecked` in the chosen layout."""
-    return decoder.decode_unchecked(codes, lengths, channels_last=channels_last)
+    """`FireflyGenerator.decode_unchecked` in the chosen layout / head."""
+    return decoder.decode_unchecked(codes, lengths, channels_last=channels_last, head=head)
 
 
 _decode_compiled = gpu_fused(_decode)
@@ -88,12 +113,19 @@ class DecoderRunner:
         use_graphs: capture a CUDA graph per (batch, frames) bucket at start-up (CUDA only;
             default: on for CUDA).
         pad: pad to buckets even without graphs (default: only with graphs); tests use it.
-        compile: fuse the decoder's elementwise work with torch.compile (CUDA only).
-        channels_last: run the head as channels_last conv2d (see the module docstring). Off by
-            default: uncompiled, cuDNN picks much slower kernels for it from 8 jobs per call on
-            an H200 (docs/benchmarks.md §2).
+        compile: fuse the PyTorch head's elementwise work with torch.compile (CUDA only; the
+            Triton head is fused already and is not compiled).
+        channels_last: run the PyTorch head as channels_last conv2d (see the module
+            docstring). Off by default: uncompiled, cuDNN picks much slower kernels for it from
+            8 jobs per call on an H200 (docs/benchmarks.md §2).
+        kernels: ``"triton"``, ``"torch"`` or ``"auto"`` (Triton where usable, see
+            :func:`resolve_kernels`); the CPU always runs the PyTorch head.
+
+    Raises:
+        ValueError: bad ``kernels`` (see :func:`resolve_kernels`).
 
     Attributes:
+        kernels: the head's kernels in use, ``"triton"`` or ``"torch"``.
         num_captures: CUDA graphs captured (0 on CPU or with ``use_graphs=False``).
         busy_seconds: decoder time on its stream, measured with CUDA events (wall time on CPU).
         calls, frames_decoded: calls made and new frames decoded (for metrics).
@@ -108,6 +140,7 @@ class DecoderRunner:
         pad: bool | None = None,
         compile: bool = False,
         channels_last: bool = False,
+        kernels: str = "auto",
     ) -> None:
         self.decoder = decoder
         self.config = decoder.config
@@ -115,8 +148,12 @@ class DecoderRunner:
         cuda = self.device.type == "cuda"
         self.use_graphs = cuda if use_graphs is None else use_graphs and cuda
         self.pad = self.use_graphs if pad is None else pad
+        self.kernels = resolve_kernels(kernels, self.device)
+        head = TritonHead(decoder.head) if self.kernels == "triton" else None
         self._forward = functools.partial(
-            _decode_compiled if compile else _decode, channels_last=channels_last
+            _decode_compiled if compile and head is None else _decode,
+            channels_last=channels_last,
+            head=head,
         )
         self.batch_buckets = graph_buckets(max_batch)
         self.frame_buckets = tuple(sorted(frame_buckets))

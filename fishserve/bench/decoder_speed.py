@@ -2,9 +2,10 @@
 
 Each job is one streaming chunk as the server decodes it: `left_context` frames of context
 plus `chunk` new frames (`fishserve.audio.streaming`); B jobs go through one call. Modes:
-``eager`` is one plain `decode_batch` call (conv1d, no compilation); ``graphs`` is the server's
-`DecoderRunner` (channels_last, one CUDA graph per shape bucket; on CPU it runs eager);
-``compiled`` is the runner with torch.compile fusion (`--decoder-compile`).
+``eager`` is one plain `decode_batch` call (conv1d, no compilation); the others run the
+server's `DecoderRunner` (one CUDA graph per shape bucket; on CPU it runs eager): ``graphs``
+with the PyTorch head, ``triton`` with the fused Triton head (the server's default on CUDA),
+``compiled`` with the PyTorch head fused by torch.compile.
 Reported: ms per call, new frames per second, real-time streams the decoder alone could feed
 (frames/s / 21.53), peak GPU memory, and the runner's start-up (compile + capture) time.
 """
@@ -28,7 +29,7 @@ from fishserve.bench.tables import render_table, write_results
 from fishserve.models.firefly import FireflyGenerator
 
 FRAMES_PER_SECOND = 44100 / 2048  # spec §0
-MODES = ("eager", "graphs", "compiled")
+MODES = ("eager", "graphs", "triton", "compiled")
 
 
 @dataclass
@@ -71,13 +72,12 @@ def time_calls(call: Callable[[], object], cuda: bool, repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def build_runner(
-    decoder: FireflyGenerator, max_batch: int, chunk: int, compile: bool
-) -> DecoderRunner:
+def build_runner(decoder: FireflyGenerator, max_batch: int, chunk: int, mode: str) -> DecoderRunner:
     """The server's runner for a `chunk`-frame schedule (buckets up to context + chunk)."""
     policy = ChunkPolicy(first_chunk_frames=chunk, chunk_frames=chunk)
     buckets = frame_buckets_for(policy, decoder.config)
-    return DecoderRunner(decoder, max_batch, buckets, compile=compile)
+    kernels = "triton" if mode == "triton" else "torch"
+    return DecoderRunner(decoder, max_batch, buckets, compile=mode == "compiled", kernels=kernels)
 
 
 def bench_mode(
@@ -90,7 +90,7 @@ def bench_mode(
     start = time.perf_counter()
     runner = None
     if mode != "eager":
-        runner = build_runner(decoder, max(batches), chunk, compile=mode == "compiled")
+        runner = build_runner(decoder, max(batches), chunk, mode)
     startup = time.perf_counter() - start
     results = []
     for batch in batches:

@@ -284,7 +284,11 @@ def bench_decoder(
     chunk: Annotated[int, typer.Option(min=1, help="New frames per job.")] = 64,
     repeats: Annotated[int, typer.Option(min=1, help="Timed calls per point.")] = 10,
     modes: Annotated[
-        str, typer.Option(help="Comma list: eager (plain call), graphs (server runner), compiled.")
+        str,
+        typer.Option(
+            help="Comma list: eager (plain call), graphs (runner, PyTorch head), "
+            "triton (runner, Triton head; CUDA), compiled (runner, compiled PyTorch head)."
+        ),
     ] = "eager,graphs",
     output: Annotated[Path | None, typer.Option(help="JSON results (+ .md table).")] = None,
 ) -> None:

@@ -127,6 +127,13 @@ def serve(
         bool | None,
         _setting("decoder_compile", "Fuse the GPU decoder with torch.compile (slow start-up)."),
     ] = None,
+    decoder_kernels: Annotated[
+        str | None,
+        _setting(
+            "decoder_kernels",
+            "GPU decoder head kernels: auto (Triton if installed), triton, or torch (cuDNN).",
+        ),
+    ] = None,
     max_reference_seconds: Annotated[
         float | None, _setting("max_reference_seconds", "Longest reference audio (s).")
     ] = None,

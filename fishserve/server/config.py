@@ -75,6 +75,8 @@ class ServerConfig(BaseModel):
     # decoder still decodes 11,900 of its 15,800 frames/s); docs/benchmarks.md §6.3.
     max_decode_batch: int = Field(8, ge=1)
     decoder_compile: bool = False
+    # HiFi-GAN head kernels on the GPU: fused channels-last Triton convolutions or cuDNN.
+    decoder_kernels: Literal["auto", "triton", "torch"] = "auto"
     max_reference_seconds: float = Field(30.0, gt=0)
     # HTTP
     host: str = "127.0.0.1"

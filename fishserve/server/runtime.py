@@ -346,6 +346,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
                 frame_buckets_for(policy, decoder.config),
                 use_graphs=not config.enforce_eager,
                 compile=config.decoder_compile,
+                kernels=config.decoder_kernels,
             )
         ),
         references=ReferenceEncoder(decoder, max_seconds=config.max_reference_seconds),

@@ -7,6 +7,7 @@ see :func:`fishserve.models.firefly.loading.expected_checkpoint_shapes` for the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -113,7 +114,11 @@ class FireflyGenerator(nn.Module):
         return self.decode_unchecked(codes, lengths), lengths * factor * hop
 
     def decode_unchecked(
-        self, codes: Tensor, lengths: Tensor, channels_last: bool = False
+        self,
+        codes: Tensor,
+        lengths: Tensor,
+        channels_last: bool = False,
+        head: Callable[[Tensor], Tensor] | None = None,
     ) -> Tensor:
         """The body of :meth:`decode` with no validation and no host synchronisation.
 
@@ -125,6 +130,9 @@ class FireflyGenerator(nn.Module):
             lengths: ``(B,)`` int64 valid frames per item, each in ``[0, L]`` (not checked).
             channels_last: run the HiFi-GAN head on ``(B, C, 1, T)`` tensors in
                 ``torch.channels_last`` format (the fast layout for cuDNN; same function).
+            head: a replacement for ``self.head`` computing the same function, e.g. a
+                :class:`~fishserve.models.firefly.triton_head.TritonHead` (then
+                ``channels_last`` is ignored).
 
         Returns:
             ``(B, 1, L * frame_samples)`` float32 waveform, zero past ``lengths * frame_samples``.
@@ -132,7 +140,9 @@ class FireflyGenerator(nn.Module):
         factor, hop = self.config.downsample_factor, self.config.hop_length
         z = self.quantizer.upsample_latent(self.quantizer.decode_codes(codes).to(self.dtype))
         z = z * sequence_mask(lengths * factor, z.shape[-1])[:, None].to(z.dtype)
-        if channels_last:
+        if head is not None:
+            wav = head(z).float()
+        elif channels_last:
             z = z[:, :, None].contiguous(memory_format=torch.channels_last)
             wav = self.head(z)[:, :, 0].float()
         else:

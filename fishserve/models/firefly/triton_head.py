@@ -1,0 +1,325 @@
+"""The HiFi-GAN head as fused channels-last Triton convolutions (GPU decoding, issue 8).
+
+:class:`~fishserve.models.firefly.layers.HiFiGANHead` in PyTorch is ~110 convolutions, each
+wrapped in SiLU, padding and residual-add kernels, and cuDNN transposes every activation
+between NCHW and NHWC around each ``conv1d`` (measured on an H200: about 40% of the head's
+time, docs/benchmarks.md §2). :class:`TritonHead` computes the same function with one kernel
+per convolution on ``(B, T, C)`` (channels-last) activations:
+
+* ``out[t] = scale * (bias + sum_j W_j^T act(x[t - (K-1-j) * d]) + residual[t]) + accumulate[t]``
+  where ``act`` is SiLU (or identity) applied as the input is loaded, taps ``j < K`` read the
+  causal (left-zero-padded) window, the products run on tensor cores (``tl.dot``, float32
+  accumulation), and residual add, ``tanh``, and the running mean of a
+  :class:`~fishserve.models.firefly.layers.ParallelBlock` happen in the epilogue: each
+  activation is read and written once per convolution.
+* a causal transposed convolution with stride ``s`` and kernel ``k <= m*s`` is the same kernel:
+  output sample ``s*t + r`` is ``sum_i W[:, :, r + s*i]^T x[t - i]`` (``i < m``), i.e. an
+  ``m``-tap causal convolution with ``s * C_out`` output channels whose ``(B, T, s*C_out)``
+  result *is* the ``(B, s*T, C_out)`` upsampled activation, with no data movement.
+
+Rounding differs from the PyTorch head only in where it happens (one rounding per fused
+convolution instead of one per op); with float32 weights the products use IEEE float32
+(no TF32), so the head matches to ~1e-6. Needs Triton and CUDA; with ``TRITON_INTERPRET=1`` it
+also runs on the CPU (slowly), which is how the tests check it without a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .layers import CausalConv1d, CausalConvTranspose1d, HiFiGANHead, ParallelBlock
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: the PyTorch head is used instead
+    triton = None
+    tl = None
+
+__all__ = ["PackedConv", "TritonHead", "causal_conv_cl", "triton_head_available"]
+
+
+def triton_head_available() -> bool:
+    """Whether Triton is importable (the kernels also need CUDA or ``TRITON_INTERPRET=1``)."""
+    return triton is not None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _causal_conv_kernel(
+        x_ptr,
+        w_ptr,
+        b_ptr,
+        res_ptr,
+        acc_ptr,
+        out_ptr,
+        seq_len,
+        scale,
+        C_IN: tl.constexpr,
+        C_OUT: tl.constexpr,
+        KSIZE: tl.constexpr,
+        DIL: tl.constexpr,
+        SILU_IN: tl.constexpr,
+        HAS_RES: tl.constexpr,
+        HAS_ACC: tl.constexpr,
+        TANH_OUT: tl.constexpr,
+        IEEE: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        pid_t = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        batch = tl.program_id(2).to(tl.int64)
+        offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        n_ok = offs_n < C_OUT
+        x_base = x_ptr + batch * seq_len * C_IN
+        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+        steps: tl.constexpr = (C_IN + BLOCK_K - 1) // BLOCK_K  # channel slices per tap
+        for it in range(KSIZE * steps):  # one flat loop over (tap, slice): software-pipelined
+            j = it // steps
+            kk = (it % steps) * BLOCK_K + offs_k
+            t_src = offs_t - (KSIZE - 1 - j) * DIL
+            t_ok = (t_src >= 0) & (t_src < seq_len)
+            k_ok = kk < C_IN
+            xv = tl.load(
+                x_base + t_src[:, None] * C_IN + kk[None, :],
+                mask=t_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )
+            if SILU_IN:
+                xf = xv.to(tl.float32)
+                xv = (xf * tl.sigmoid(xf)).to(xv.dtype)
+            wv = tl.load(
+                w_ptr + (j * C_IN + kk[:, None]) * C_OUT + offs_n[None, :],
+                mask=k_ok[:, None] & n_ok[None, :],
+                other=0.0,
+            )
+            if IEEE:
+                acc += tl.dot(xv, wv, input_precision="ieee")
+            else:
+                acc += tl.dot(xv, wv)
+        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        if TANH_OUT:
+            acc = 2.0 * tl.sigmoid(2.0 * acc) - 1.0
+        out_off = (batch * seq_len + offs_t[:, None]) * C_OUT + offs_n[None, :]
+        o_ok = (offs_t < seq_len)[:, None] & n_ok[None, :]
+        if HAS_RES:
+            acc += tl.load(res_ptr + out_off, mask=o_ok, other=0.0).to(tl.float32)
+        acc = acc * scale
+        if HAS_ACC:
+            acc += tl.load(acc_ptr + out_off, mask=o_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + out_off, acc.to(out_ptr.dtype.element_ty), mask=o_ok)
+
+
+@dataclass(frozen=True)
+class PackedConv:
+    """A causal convolution's weights packed for the kernel.
+
+    Attributes:
+        weight: ``(K, C_in, C_out)`` contiguous, in the compute dtype (tap-major, so each tap
+            is one ``C_in x C_out`` matrix of a ``tl.dot``).
+        bias: ``(C_out,)``.
+        dilation: spacing of the taps, in time steps.
+        upsample: for a packed transposed convolution, its stride ``s`` (``C_out`` is then
+            ``s`` times the real output channels); 1 otherwise.
+    """
+
+    weight: Tensor
+    bias: Tensor
+    dilation: int
+    upsample: int = 1
+
+    @property
+    def kernel_size(self) -> int:
+        """Number of taps K."""
+        return self.weight.shape[0]
+
+    @staticmethod
+    def from_conv(conv: CausalConv1d) -> PackedConv:
+        """Pack a stride-1 :class:`CausalConv1d`: ``[C_out, C_in, k]`` -> ``[k, C_in, C_out]``.
+
+        Raises:
+            ValueError: the conv is strided or grouped (the head has neither).
+        """
+        c = conv.conv
+        if c.stride[0] != 1 or c.groups != 1:
+            raise ValueError("only stride-1, ungrouped convolutions can be packed")
+        weight = c.weight.detach().permute(2, 1, 0).contiguous()
+        return PackedConv(weight, _bias(c.bias, c.out_channels, weight), c.dilation[0])
+
+    @staticmethod
+    def from_transposed(conv: CausalConvTranspose1d) -> PackedConv:
+        """Pack a causal transposed conv (stride s, kernel k) as a ``ceil(k/s)``-tap conv.
+
+        Packed ``w[j, c_in, r * C_out + c] = W[c_in, c, r + s * (m - 1 - j)]`` (zero past k), so
+        output row t of the packed conv holds samples ``s*t .. s*t + s - 1`` (module docstring).
+        """
+        c = conv.conv
+        s, k = c.stride[0], c.kernel_size[0]
+        c_in, c_out = c.in_channels, c.out_channels
+        taps = -(-k // s)
+        weight = F.pad(c.weight.detach(), (0, taps * s - k))  # [C_in, C_out, m*s]
+        weight = weight.view(c_in, c_out, taps, s).flip(2)  # [C_in, C_out, j, r]
+        weight = weight.permute(2, 0, 3, 1).reshape(taps, c_in, s * c_out).contiguous()
+        bias = _bias(c.bias, c_out, weight).repeat(s)
+        return PackedConv(weight, bias, 1, s)
+
+
+def _bias(bias: Tensor | None, channels: int, like: Tensor) -> Tensor:
+    if bias is None:
+        return torch.zeros(channels, dtype=like.dtype, device=like.device)
+    return bias.detach().contiguous()
+
+
+def _blocks(c_in: int, c_out: int) -> tuple[int, int, int, int]:
+    """(BLOCK_T, BLOCK_N, BLOCK_K, num_warps) for a conv shape (dot sides are at least 16)."""
+    block_n = max(16, min(128, triton.next_power_of_2(c_out)))
+    block_k = max(16, min(64, triton.next_power_of_2(c_in)))
+    block_t = 128 if block_n <= 64 else 64
+    return block_t, block_n, block_k, 4
+
+
+def causal_conv_cl(
+    x: Tensor,
+    conv: PackedConv,
+    *,
+    silu_in: bool,
+    residual: Tensor | None = None,
+    scale: float = 1.0,
+    accumulate: Tensor | None = None,
+    tanh_out: bool = False,
+    out: Tensor | None = None,
+) -> Tensor:
+    """One fused causal convolution on channels-last activations (module docstring).
+
+    Args:
+        x: ``(B, T, C_in)`` contiguous, in the weights' dtype.
+        conv: packed weights (``C_out`` output channels, see :class:`PackedConv`).
+        silu_in: apply SiLU to the input as it is loaded.
+        residual: ``(B, T, C_out)`` added before ``scale``; accumulate: added after it.
+        scale: multiplies ``conv + residual``. tanh_out: ``tanh`` of ``conv`` (before residual).
+        out: where to write (may be ``accumulate`` itself); a new tensor by default.
+
+    Returns:
+        ``(B, T, C_out)`` in ``x.dtype``.
+
+    Raises:
+        ValueError: ``x`` does not have ``C_in`` channels or is not contiguous.
+    """
+    batch, seq_len, c_in = x.shape
+    c_out = conv.weight.shape[2]
+    if c_in != conv.weight.shape[1] or not x.is_contiguous():
+        want = conv.weight.shape[1]
+        raise ValueError(f"expected contiguous (B, T, {want}), got {tuple(x.shape)}")
+    if out is None:
+        out = torch.empty((batch, seq_len, c_out), dtype=x.dtype, device=x.device)
+    block_t, block_n, block_k, warps = _blocks(c_in, c_out)
+    grid = (triton.cdiv(seq_len, block_t), triton.cdiv(c_out, block_n), batch)
+    _causal_conv_kernel[grid](
+        x,
+        conv.weight,
+        conv.bias,
+        residual if residual is not None else x,
+        accumulate if accumulate is not None else x,
+        out,
+        seq_len,
+        scale,
+        C_IN=c_in,
+        C_OUT=c_out,
+        KSIZE=conv.kernel_size,
+        DIL=conv.dilation,
+        SILU_IN=silu_in,
+        HAS_RES=residual is not None,
+        HAS_ACC=accumulate is not None,
+        TANH_OUT=tanh_out,
+        IEEE=x.dtype == torch.float32,
+        BLOCK_T=block_t,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=warps,
+    )
+    return out
+
+
+@dataclass(frozen=True)
+class _Stage:
+    up: PackedConv
+    resblocks: tuple[tuple[tuple[PackedConv, PackedConv], ...], ...]  # [block][dilation](c1, c2)
+
+
+class TritonHead:
+    """A :class:`HiFiGANHead`'s weights packed for :func:`causal_conv_cl`; same function.
+
+    Args:
+        head: the PyTorch head (weights already folded, in the compute dtype, on the device the
+            kernels run on). Its weights are copied once; later changes to it are not seen.
+
+    Raises:
+        RuntimeError: Triton is not installed.
+    """
+
+    def __init__(self, head: HiFiGANHead) -> None:
+        if triton is None:
+            raise RuntimeError("the Triton head needs Triton (pip install triton)")
+        self.pre = PackedConv.from_conv(head.conv_pre)
+        self.stages = tuple(
+            _Stage(PackedConv.from_transposed(up), _pack_block(block))
+            for up, block in zip(head.ups, head.resblocks, strict=True)
+        )
+        self.post = PackedConv.from_conv(head.conv_post)
+
+    def __call__(self, z: Tensor) -> Tensor:
+        """``(B, num_mels, T)`` latent -> ``(B, 1, T * hop)`` waveform (as ``HiFiGANHead``).
+
+        The output is in the weights' dtype; values in (-1, 1).
+        """
+        x = causal_conv_cl(z.transpose(1, 2).contiguous(), self.pre, silu_in=False)
+        for stage in self.stages:
+            batch, seq_len, _ = x.shape
+            x = causal_conv_cl(x, stage.up, silu_in=True)
+            x = x.view(batch, seq_len * stage.up.upsample, -1)
+            x = _parallel_block(x, stage.resblocks)
+        wav = causal_conv_cl(x, self.post, silu_in=True, tanh_out=True)
+        return wav.view(wav.shape[0], 1, wav.shape[1])  # (B, T, 1) and (B, 1, T) share memory
+
+
+def _pack_block(block: ParallelBlock) -> tuple[tuple[tuple[PackedConv, PackedConv], ...], ...]:
+    return tuple(
+        tuple(
+            (PackedConv.from_conv(c1), PackedConv.from_conv(c2))
+            for c1, c2 in zip(rb.convs1, rb.convs2, strict=True)
+        )
+        for rb in block.blocks
+    )
+
+
+def _parallel_block(
+    x: Tensor, resblocks: tuple[tuple[tuple[PackedConv, PackedConv], ...], ...]
+) -> Tensor:
+    """Mean over ResBlocks of ``h = h + c2(silu(c1(silu(h))))`` per dilation, all from ``x``.
+
+    The last conv of each ResBlock adds ``(h + c2(...)) / n`` into the running mean in its
+    epilogue, so the mean costs no extra pass over memory.
+    """
+    total: Tensor | None = None
+    scale = 1.0 / len(resblocks)
+    for pairs in resblocks:
+        h = x
+        for i, (c1, c2) in enumerate(pairs):
+            y = causal_conv_cl(h, c1, silu_in=True)
+            if i < len(pairs) - 1:
+                h = causal_conv_cl(y, c2, silu_in=True, residual=h)
+            else:
+                total = causal_conv_cl(
+                    y, c2, silu_in=True, residual=h, scale=scale, accumulate=total, out=total
+                )
+    assert total is not None
+    return total
