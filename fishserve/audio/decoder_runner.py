@@ -54,17 +54,39 @@ __all__ = ["DECODER_KERNELS", "DecoderRunner", "frame_buckets_for", "resolve_ker
 DECODER_KERNELS = ("auto", "triton", "torch")
 
 
-def resolve_kernels(kernels: str, device: torch.device) -> str:
-    """``"auto"`` -> ``"triton"`` on CUDA with Triton installed, else ``"torch"``.
+def _triton_head_missing(device: torch.device, capability: bool) -> str:
+    """Why the Triton head cannot run on `device` ("" when it can)."""
+    if device.type != "cuda":
+        return f"the device is {device}"
+    if not triton_head_available():
+        return "Triton is not installed"
+    if capability:  # initialises CUDA in this process
+        major, minor = torch.cuda.get_device_capability(device)
+        if major < 8:
+            return f"{device} has compute capability {major}.{minor}"
+    return ""
+
+
+def resolve_kernels(kernels: str, device: torch.device, capability: bool = True) -> str:
+    """``"auto"`` -> ``"triton"`` where the Triton head can run, else ``"torch"``.
+
+    The Triton head needs a CUDA device of compute capability 8.0 or later (Ampere: bf16
+    tensor-core dots, and the shared memory its tiles are sized for) and Triton installed.
+    With ``capability=False`` the compute capability is not checked (no CUDA initialisation:
+    for a process that must not create a CUDA context, such as the HTTP process).
 
     Raises:
-        ValueError: unknown name, or ``"triton"`` asked for without CUDA or without Triton.
+        ValueError: unknown name, or ``"triton"`` asked for where it cannot run.
     """
     if kernels not in DECODER_KERNELS:
         raise ValueError(f"decoder kernels must be one of {', '.join(DECODER_KERNELS)}")
-    usable = device.type == "cuda" and triton_head_available()
-    if kernels == "triton" and not usable:
-        raise ValueError("decoder kernels 'triton' need a CUDA device and Triton installed")
+    missing = _triton_head_missing(device, capability)
+    if kernels == "triton" and missing:
+        raise ValueError(
+            f"decoder kernels 'triton' need a CUDA device of compute capability 8.0+ and "
+            f"Triton ({missing}); use 'auto' or 'torch'"
+        )
+    usable = not missing
     if kernels == "auto":
         return "triton" if usable else "torch"
     return kernels
@@ -150,6 +172,9 @@ class DecoderRunner:
         self.pad = self.use_graphs if pad is None else pad
         self.kernels = resolve_kernels(kernels, self.device)
         head = TritonHead(decoder.head) if self.kernels == "triton" else None
+        if compile and head is not None:
+            log.warning("decoder_compile applies to the PyTorch head only; the Triton head runs")
+        log.info("decoder head kernels: %s", self.kernels)
         self._forward = functools.partial(
             _decode_compiled if compile and head is None else _decode,
             channels_last=channels_last,

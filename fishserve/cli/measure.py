@@ -276,7 +276,14 @@ def bench_sampler(
 @app.command(name="bench-decoder")
 @user_errors
 def bench_decoder(
-    decoder_checkpoint: DecoderCkptOpt = None,
+    decoder_checkpoint: Annotated[
+        Path | None,
+        typer.Option(
+            "--decoder-checkpoint",
+            help="Firefly generator weights (.pth); default: random weights of the released size "
+            "(speed does not depend on weight values).",
+        ),
+    ] = None,
     decoder_config: DecoderCfgOpt = None,
     device: DeviceOpt = "auto",
     dtypes: Annotated[str, typer.Option(help="Comma list of weight dtypes.")] = "bf16,fp32",
@@ -292,7 +299,8 @@ def bench_decoder(
     ] = "eager,graphs",
     output: Annotated[Path | None, typer.Option(help="JSON results (+ .md table).")] = None,
 ) -> None:
-    """Batched decoder throughput (random released-size weights unless a checkpoint is given)."""
+    """Batched decoder throughput (random released-size weights unless --decoder-checkpoint)."""
+    from fishserve.audio.decoder_runner import resolve_kernels
     from fishserve.bench.decoder_speed import MODES, run_decoder_bench
     from fishserve.bench.options import parse_names, parse_sizes
     from fishserve.models.firefly import load_firefly
@@ -302,6 +310,8 @@ def bench_decoder(
     mode_names = parse_names(modes, MODES, "--modes")
     dtype_names = parse_names(dtypes, tuple(DTYPES), "--dtypes")
     dev = resolve_device(device)
+    if "triton" in mode_names:
+        resolve_kernels("triton", dev)  # before the decoders load
     fmt = "auto" if decoder_checkpoint else "dummy"
     decoders = {
         name: load_firefly(

@@ -125,13 +125,18 @@ def serve(
     ] = None,
     decoder_compile: Annotated[
         bool | None,
-        _setting("decoder_compile", "Fuse the GPU decoder with torch.compile (slow start-up)."),
+        _setting(
+            "decoder_compile",
+            "Fuse the PyTorch decoder head with torch.compile (with --decoder-kernels torch; "
+            "slow start-up).",
+        ),
     ] = None,
     decoder_kernels: Annotated[
         str | None,
         _setting(
             "decoder_kernels",
-            "GPU decoder head kernels: auto (Triton if installed), triton, or torch (cuDNN).",
+            "GPU decoder head kernels: auto (triton on CUDA with Triton installed), triton, "
+            "or torch (cuDNN).",
         ),
     ] = None,
     max_reference_seconds: Annotated[

@@ -128,6 +128,7 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
         status = "unhealthy"
     model.update(dtype=info.weight_dtype, device=info.device, kv_cache_dtype=info.kv_cache_dtype)
     model["engine_process"] = runtime.restartable
+    model["decoder_kernels"] = info.decoder_kernels
     report = {
         "status": status,
         "loaded": True,

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from fishserve.audio.decoder_runner import DecoderRunner, frame_buckets_for
+from fishserve.audio.decoder_runner import DecoderRunner, frame_buckets_for, resolve_kernels
 from fishserve.audio.references import ReferenceEncoder
 from fishserve.audio.streaming import ChunkPolicy
 from fishserve.engine.async_engine import AsyncEngine
@@ -52,6 +52,7 @@ class RuntimeInfo:
         weight_dtype: weight dtype name, e.g. ``bfloat16``.
         kv_cache_dtype: KV cache dtype name (``bf16``, ``int8``, ...).
         block_size: positions per KV block.
+        decoder_kernels: the GPU decoder head's kernels in use, ``triton`` or ``torch``.
     """
 
     sample_rate: int
@@ -60,6 +61,7 @@ class RuntimeInfo:
     weight_dtype: str
     kv_cache_dtype: str
     block_size: int
+    decoder_kernels: str = "torch"
 
 
 @dataclass
@@ -141,6 +143,7 @@ class Runtime:
             weight_dtype=str(self.weight_dtype).removeprefix("torch."),
             kv_cache_dtype=layout.dtype,
             block_size=layout.block_size,
+            decoder_kernels=self.decode_worker.runner.kernels,
         )
 
     @property
@@ -232,10 +235,12 @@ def check_settings(config: ServerConfig) -> None:
     memory budget, the model files.
 
     Raises:
-        ValueError: CUDA asked for but absent, a bad budget, a fraction of GPU memory on CPU.
+        ValueError: CUDA asked for but absent, a bad budget, a fraction of GPU memory on CPU,
+            Triton decoder kernels where they cannot run.
         FileNotFoundError: a checkpoint folder, decoder weights or decoder config is missing.
     """
     device = resolve_device(config.device)
+    resolve_kernels(config.decoder_kernels, device, capability=False)  # no CUDA context here
     if config.gpu_memory_budget is not None:
         budget = parse_memory_size(config.gpu_memory_budget)
         if isinstance(budget, float) and device.type != "cuda":

@@ -40,6 +40,9 @@ def test_bench_decoder_compares_eager_and_runner(tmp_path: Path) -> None:
         ("eager", 1), ("eager", 2), ("graphs", 1), ("graphs", 2)
     ]  # fmt: skip
     assert all(r["frames_per_s"] > 0 and r["context"] == 25 for r in results)
+    frame_rate = 44100 / 256  # the tiny decoder: 256 samples per code frame
+    for r in results:
+        assert r["realtime_streams"] == pytest.approx(r["frames_per_s"] / frame_rate)
     assert out.with_suffix(".md").read_text().count("\n| ") == 4  # one row per point
 
 
@@ -62,6 +65,7 @@ def test_bench_engine_runs_on_the_tiny_model(tmp_path: Path) -> None:
         (["bench-decoder", "--dtypes", "fp64"], "--dtypes"),
         (["bench-decoder", "--batch-sizes", "0"], "--batch-sizes"),
         (["bench-decoder", "--modes", "fast"], "--modes"),
+        (["bench-decoder", "--device", "cpu", "--modes", "triton"], "need a CUDA device"),
         (["bench-engine", "--modes", "bogus"], "--modes"),
         (["bench-engine", "--kv-cache-dtypes", "int4"], "--kv-cache-dtypes"),
         (["bench", "--ramp", "inf"], "--ramp"),

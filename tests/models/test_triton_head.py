@@ -23,7 +23,12 @@ import torch.nn.functional as F
 from fishserve.audio.decoder_runner import DecoderRunner, resolve_kernels
 from fishserve.models.firefly import build_dummy_firefly
 from fishserve.models.firefly.layers import CausalConv1d, CausalConvTranspose1d
-from fishserve.models.firefly.triton_head import PackedConv, triton_head_available
+from fishserve.models.firefly.triton_head import (
+    SMEM_LIMIT,
+    PackedConv,
+    causal_conv_cl,
+    triton_head_available,
+)
 
 TINY = Path(__file__).resolve().parents[1] / "fixtures" / "tiny_decoder"
 CUDA = torch.cuda.is_available()
@@ -84,6 +89,48 @@ def test_kernel_choice() -> None:
     assert DecoderRunner(decoder, 2, (16,)).kernels == "torch"
 
 
+def test_bad_kernel_inputs_are_refused_before_launch() -> None:
+    packed = PackedConv.from_conv(CausalConv1d(4, 6, 3))
+    x = torch.zeros(2, 9, 4)
+    good = torch.zeros(2, 9, 6)
+    cases = [
+        ({"x": torch.zeros(9, 4)}, "x: expected a contiguous"),
+        ({"x": torch.zeros(2, 4, 9).transpose(1, 2)}, "not contiguous"),
+        ({"x": x.double()}, "must match"),
+        ({"residual": torch.zeros(2, 6, 9).transpose(1, 2)}, "residual: expected"),
+        ({"accumulate": torch.zeros(1, 9, 6)}, "accumulate: expected"),
+        ({"out": torch.zeros(2, 9, 8)}, "out: expected"),
+    ]
+    for kwargs, message in cases:
+        args = {"x": x, "residual": None, "accumulate": None, "out": None, **kwargs}
+        with pytest.raises(ValueError, match=message):
+            causal_conv_cl(args.pop("x"), packed, silu_in=True, **args)
+    same = PackedConv.from_conv(CausalConv1d(6, 6, 3))
+    with pytest.raises(ValueError, match="must not be x"):
+        causal_conv_cl(good, same, silu_in=True, out=good)
+
+
+@pytest.mark.skipif(not triton_head_available(), reason="Triton is not installed")
+def test_tiles_fit_in_shared_memory() -> None:
+    from fishserve.models.firefly.triton_head import NUM_STAGES, _blocks
+
+    for c_in, c_out in [(512, 512), (512, 2048), (256, 256), (64, 64), (16, 16), (16, 1)]:
+        for elem_bytes in (2, 4):
+            bt, bn, bk, _ = _blocks(c_in, c_out, elem_bytes)
+            assert NUM_STAGES * (bt + bn) * bk * elem_bytes <= SMEM_LIMIT, (c_in, c_out)
+            assert min(bt, bn, bk) >= 16  # tl.dot's smallest sides
+    assert _blocks(256, 256, 2) == (64, 128, 64, 4)  # bf16: the tiles measured on the H200
+
+
+@pytest.mark.skipif(not triton_head_available(), reason="Triton is not installed")
+def test_triton_head_refuses_a_cpu_head_outside_the_interpreter(monkeypatch) -> None:
+    from fishserve.models.firefly.triton_head import TritonHead
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="CUDA devices"):
+        TritonHead(build_dummy_firefly(TINY / "firefly_gan_vq_tiny.yaml").head)
+
+
 PARITY_SCRIPT = """
 import torch
 from safetensors.torch import load_file
@@ -123,6 +170,41 @@ def run_parity(device: str, batch: bool, env: dict[str, str] | None = None) -> N
 @pytest.mark.skipif(not triton_head_available(), reason="Triton is not installed")
 def test_triton_head_matches_reference_in_the_interpreter() -> None:
     run_parity("cpu", batch=False, env={**os.environ, "TRITON_INTERPRET": "1"})
+
+
+ODD_HEAD_SCRIPT = """
+import torch
+from fishserve.models.firefly.config import HeadConfig
+from fishserve.models.firefly.layers import HiFiGANHead
+from fishserve.models.firefly.triton_head import TritonHead
+torch.manual_seed(0)
+cfg = HeadConfig(hop_length=6, upsample_rates=(3, 2), upsample_kernel_sizes=(5, 4),
+                 resblock_kernel_sizes=(3, 5), resblock_dilation_sizes=((1, 2), ()),
+                 num_mels=12, upsample_initial_channel=20, pre_conv_kernel_size=5,
+                 post_conv_kernel_size=3)
+head = HiFiGANHead(cfg).eval()
+z = torch.randn(2, 12, 7)
+with torch.inference_mode():
+    want, got = head(z), TritonHead(head)(z)
+assert got.shape == want.shape == (2, 1, 42), got.shape
+diff = (got - want).abs().max().item()
+assert diff < 1e-5, diff
+"""
+
+
+@pytest.mark.skipif(not triton_head_available(), reason="Triton is not installed")
+def test_odd_head_shapes_match_in_the_interpreter() -> None:
+    """Channels that are not powers of two, kernels not a multiple of the stride, and a
+    ResBlock without dilations (the identity, still counted in the mean)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", ODD_HEAD_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 @pytest.mark.gpu

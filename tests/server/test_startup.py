@@ -13,6 +13,7 @@ from conftest import TINY_DECODER, TINY_T2S, LiveServer, tiny_server_config
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+import fishserve.server.app  # noqa: F401  (binds create_app's default build before tests patch it)
 import fishserve.server.runtime as runtime_module
 from fishserve.cli import app
 
@@ -57,6 +58,11 @@ CUDA_ERROR = pytest.param(
     "CUDA is not available",
     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present"),
 )
+TRITON_ON_CPU = pytest.param(
+    [*TINY, "--device", "cpu", "--decoder-kernels", "triton"],
+    "decoder kernels 'triton' need a CUDA device of compute capability 8.0+ and Triton "
+    "(the device is cpu)",
+)
 
 
 @pytest.mark.parametrize(
@@ -70,9 +76,12 @@ CUDA_ERROR = pytest.param(
         ([*TINY, "--gpu-memory-budget", "0.5"], "is a fraction of GPU memory"),
         ([*TINY, "--num-kv-blocks", "0"], "num_kv_blocks = 0 (from --num-kv-blocks)"),
         ([*TINY, "--load-format", "weird"], "load_format = 'weird' (from --load-format)"),
+        ([*TINY, "--decoder-kernels", "cudnn"], "decoder_kernels = 'cudnn'"),
+        TRITON_ON_CPU,
     ],
 )
-def test_bad_settings_give_one_line_and_exit_2(serve, args, message):
+def test_bad_settings_give_one_line_and_exit_2(serve, args, message, monkeypatch):
+    monkeypatch.setattr(runtime_module, "build_runtime", lambda config: pytest.fail("loaded"))
     result = serve(*args)
     assert result.exit_code == 2, result.output
     assert result.output.startswith("error:") and message in result.output, result.output
@@ -108,6 +117,7 @@ def test_models_are_built_before_the_server_listens(tmp_path, monkeypatch):
         with TestClient(app_) as client:  # runs the lifespan: takes the built runtime
             health = client.get("/health").json()
         assert health["loaded"] and health["model"]["load_format"] == "dummy"
+        assert health["model"]["decoder_kernels"] == "torch"  # the CPU's head
 
     monkeypatch.setattr(runtime_module, "build_runtime", counting_build)
     monkeypatch.setattr(uvicorn, "run", run)

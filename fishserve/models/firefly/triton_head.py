@@ -25,6 +25,7 @@ also runs on the CPU (slowly), which is how the tests check it without a GPU.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -176,15 +177,60 @@ class PackedConv:
 def _bias(bias: Tensor | None, channels: int, like: Tensor) -> Tensor:
     if bias is None:
         return torch.zeros(channels, dtype=like.dtype, device=like.device)
-    return bias.detach().contiguous()
+    return bias.detach().clone()
 
 
-def _blocks(c_in: int, c_out: int) -> tuple[int, int, int, int]:
-    """(BLOCK_T, BLOCK_N, BLOCK_K, num_warps) for a conv shape (dot sides are at least 16)."""
+NUM_STAGES = 3  # software-pipelining depth: tiles of x and W in flight per program
+# Shared memory per program, bytes: under the per-block opt-in limit of sm86/sm89 GPUs (99 KiB;
+# sm80 has 163 KiB, sm90 227 KiB; CUDA C Programming Guide, "Compute Capabilities").
+SMEM_LIMIT = 96 * 1024
+MAX_ELEMENTS_PER_ITEM = 2**31  # offsets within one batch item are 32-bit
+
+
+def _blocks(c_in: int, c_out: int, elem_bytes: int) -> tuple[int, int, int, int]:
+    """(BLOCK_T, BLOCK_N, BLOCK_K, num_warps) for a conv shape (dot sides are at least 16).
+
+    Measured on an H200 (bf16, docs/benchmarks.md §2): within a few % of the best of 10-20
+    configurations per shape of the released head. Tiles shrink (K, then N, then T) until
+    `NUM_STAGES` stages of the x and W tiles fit in `SMEM_LIMIT` (float32 needs it).
+    """
     block_n = max(16, min(128, triton.next_power_of_2(c_out)))
     block_k = max(16, min(64, triton.next_power_of_2(c_in)))
     block_t = 128 if block_n <= 64 else 64
+    while NUM_STAGES * (block_t + block_n) * block_k * elem_bytes > SMEM_LIMIT:
+        if block_k > 16:
+            block_k //= 2
+        elif block_n > 16:
+            block_n //= 2
+        elif block_t > 16:
+            block_t //= 2
+        else:
+            break
     return block_t, block_n, block_k, 4
+
+
+def _check_io(x: Tensor, conv: PackedConv, extra: dict[str, Tensor | None]) -> None:
+    """Raise ValueError unless every tensor is what the kernel assumes (module docstring)."""
+    if x.ndim != 3 or x.shape[2] != conv.weight.shape[1] or not x.is_contiguous():
+        raise ValueError(
+            f"x: expected a contiguous (B, T, {conv.weight.shape[1]}) tensor, got "
+            f"{tuple(x.shape)}{'' if x.is_contiguous() else ' (not contiguous)'}"
+        )
+    if x.dtype != conv.weight.dtype or x.device != conv.weight.device:
+        raise ValueError(
+            f"x is {x.dtype} on {x.device}, the weights {conv.weight.dtype} on "
+            f"{conv.weight.device}: they must match"
+        )
+    if x.shape[1] * max(x.shape[2], conv.weight.shape[2]) >= MAX_ELEMENTS_PER_ITEM:
+        raise ValueError(f"x: {x.shape[1]} steps per item is too long for 32-bit offsets")
+    want = (x.shape[0], x.shape[1], conv.weight.shape[2])
+    for name, t in extra.items():
+        if t is None:
+            continue
+        if tuple(t.shape) != want or not t.is_contiguous() or t.dtype != x.dtype:
+            raise ValueError(f"{name}: expected a contiguous {x.dtype} tensor of shape {want}")
+        if t.device != x.device or (name != "residual" and t.data_ptr() == x.data_ptr()):
+            raise ValueError(f"{name}: must be on {x.device} and must not be x itself")
 
 
 def causal_conv_cl(
@@ -212,16 +258,17 @@ def causal_conv_cl(
         ``(B, T, C_out)`` in ``x.dtype``.
 
     Raises:
-        ValueError: ``x`` does not have ``C_in`` channels or is not contiguous.
+        ValueError: ``x`` is not a contiguous ``(B, T, C_in)`` tensor in the weights' dtype and
+            device, an item is too long for 32-bit offsets (``T * C >= 2**31``), or
+            ``residual``/``accumulate``/``out`` is not a contiguous ``(B, T, C_out)`` tensor like
+            ``x`` (``out`` and ``accumulate`` must not be ``x``).
     """
+    _check_io(x, conv, {"residual": residual, "accumulate": accumulate, "out": out})
     batch, seq_len, c_in = x.shape
     c_out = conv.weight.shape[2]
-    if c_in != conv.weight.shape[1] or not x.is_contiguous():
-        want = conv.weight.shape[1]
-        raise ValueError(f"expected contiguous (B, T, {want}), got {tuple(x.shape)}")
     if out is None:
         out = torch.empty((batch, seq_len, c_out), dtype=x.dtype, device=x.device)
-    block_t, block_n, block_k, warps = _blocks(c_in, c_out)
+    block_t, block_n, block_k, warps = _blocks(c_in, c_out, x.element_size())
     grid = (triton.cdiv(seq_len, block_t), triton.cdiv(c_out, block_n), batch)
     _causal_conv_kernel[grid](
         x,
@@ -245,6 +292,7 @@ def causal_conv_cl(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         num_warps=warps,
+        num_stages=NUM_STAGES,
     )
     return out
 
@@ -264,11 +312,15 @@ class TritonHead:
 
     Raises:
         RuntimeError: Triton is not installed.
+        ValueError: the head is not on a CUDA device (and ``TRITON_INTERPRET=1`` is not set).
     """
 
     def __init__(self, head: HiFiGANHead) -> None:
         if triton is None:
             raise RuntimeError("the Triton head needs Triton (pip install triton)")
+        device = head.conv_pre.conv.weight.device
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"the Triton head runs on CUDA devices, not {device}")
         self.pre = PackedConv.from_conv(head.conv_pre)
         self.stages = tuple(
             _Stage(PackedConv.from_transposed(up), _pack_block(block))
@@ -312,6 +364,9 @@ def _parallel_block(
     total: Tensor | None = None
     scale = 1.0 / len(resblocks)
     for pairs in resblocks:
+        if not pairs:  # a ResBlock without dilations is the identity
+            total = x * scale if total is None else total + x * scale
+            continue
         h = x
         for i, (c1, c2) in enumerate(pairs):
             y = causal_conv_cl(h, c1, silu_in=True)
