@@ -15,6 +15,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 
 from fishserve.engine.engine import EngineEvent, EngineStats, GenerationRequest, LLMEngine
+from fishserve.engine.step_profiler import StepProfiler
 
 log = logging.getLogger(__name__)
 
@@ -130,11 +131,15 @@ class AsyncEngine:
         engine: the engine (used only from the engine thread after `start`).
         max_waiting: requests allowed to wait for admission; beyond it `submit` raises
             `EngineBusyError`.
+
+    Raises:
+        ValueError: bad step-profiler settings in the environment (`StepProfiler.from_env`).
     """
 
     def __init__(self, engine: LLMEngine, max_waiting: int = 256) -> None:
         self.engine = engine
         self.max_waiting = max_waiting
+        self.profiler = StepProfiler.from_env()
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}
         self._lock = threading.Lock()
@@ -204,7 +209,10 @@ class AsyncEngine:
             while not self._stop.is_set():
                 self._drain_inbox(block=not self.engine.has_work())
                 if self.engine.has_work():
-                    self._dispatch(self.engine.step())
+                    self.profiler.before_step()
+                    outputs = self.engine.step()
+                    self.profiler.after_step()
+                    self._dispatch(outputs)
                 self._stats = self.engine.stats()
         except Exception:
             log.exception("engine thread crashed")

@@ -1,0 +1,140 @@
+"""Profile a window of engine steps under real load with `torch.profiler` (off by default).
+
+Set ``FISHSERVE_TORCH_PROFILER_DIR=DIR`` (the switch; vLLM's ``VLLM_TORCH_PROFILER_DIR`` plays
+the same role) and the engine thread records steps ``FISHSERVE_PROFILE_START_STEP`` (default
+500: past start-up and a load generator's ramp) to that plus ``FISHSERVE_PROFILE_STEPS``
+(default 30), then writes, once per process:
+
+* ``DIR/engine_steps_<pid>.json``: a Chrome trace (open in Perfetto or ``chrome://tracing``);
+* ``DIR/engine_steps_<pid>.txt``: the mean wall time of the recorded steps and the operators
+  sorted by device time (host time on CPU).
+
+The profiler records every CPU thread and CUDA stream of the process, so the decoder's
+kernels (its own thread and stream in the engine core) appear beside the engine's. Recording
+slows the recorded steps; the numbers are for finding where time goes, not for benchmarks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+log = logging.getLogger(__name__)
+
+ENV_DIR = "FISHSERVE_TORCH_PROFILER_DIR"
+ENV_START = "FISHSERVE_PROFILE_START_STEP"
+ENV_STEPS = "FISHSERVE_PROFILE_STEPS"
+DEFAULT_START = 500
+DEFAULT_STEPS = 30
+TABLE_ROWS = 40
+
+__all__ = ["StepProfiler"]
+
+
+def _env_int(name: str, default: int, minimum: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {raw!r}")
+    return value
+
+
+class StepProfiler:
+    """Starts `torch.profiler` before step ``start_step`` and writes it after ``num_steps``.
+
+    Args:
+        directory: where the trace and table go; None disables the profiler.
+        start_step: engine steps to let pass first (0 = from the first step).
+        num_steps: steps to record (at least 1).
+
+    Attributes:
+        written: the files written (empty until the window closed).
+    """
+
+    def __init__(self, directory: Path | None, start_step: int, num_steps: int) -> None:
+        self.directory = directory
+        self.start_step = start_step
+        self.num_steps = num_steps
+        self.written: list[Path] = []
+        self._steps = 0
+        self._prof: profile | None = None
+        self._wall = 0.0
+        self._started = 0.0
+
+    @classmethod
+    def from_env(cls) -> StepProfiler:
+        """The profiler the environment asks for (module docstring); disabled when unset.
+
+        Raises:
+            ValueError: a step count that is not a whole number, or below its minimum.
+        """
+        raw = os.environ.get(ENV_DIR, "").strip()
+        start = _env_int(ENV_START, DEFAULT_START, 0)
+        steps = _env_int(ENV_STEPS, DEFAULT_STEPS, 1)
+        return cls(Path(raw) if raw else None, start, steps)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a window is still to be recorded."""
+        return self.directory is not None and not self.written
+
+    def before_step(self) -> None:
+        """Call right before each engine step."""
+        if not self.enabled:
+            return
+        if self._prof is None and self._steps == self.start_step:
+            activities = [ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(ProfilerActivity.CUDA)
+            self._prof = profile(activities=activities)
+            self._prof.__enter__()
+            log.info("profiling engine steps %d to %d", self._steps, self._end - 1)
+        self._started = time.perf_counter()
+
+    def after_step(self) -> None:
+        """Call right after each engine step; writes the files when the window closes."""
+        if not self.enabled:
+            return
+        if self._prof is not None:
+            self._wall += time.perf_counter() - self._started
+        self._steps += 1
+        if self._prof is not None and self._steps == self._end:
+            self._finish()
+
+    @property
+    def _end(self) -> int:
+        return self.start_step + self.num_steps
+
+    def _finish(self) -> None:
+        assert self.directory is not None and self._prof is not None
+        prof, self._prof = self._prof, None
+        try:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            prof.__exit__(None, None, None)
+            self.directory.mkdir(parents=True, exist_ok=True)
+            stem = self.directory / f"engine_steps_{os.getpid()}"
+            trace, table = stem.with_suffix(".json"), stem.with_suffix(".txt")
+            prof.export_chrome_trace(str(trace))
+            sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+            summary = (
+                f"engine steps {self.start_step}..{self._end - 1}: "
+                f"{1e3 * self._wall / self.num_steps:.2f} ms wall per step (while recording)\n\n"
+            )
+            ops = prof.key_averages().table(sort_by=sort, row_limit=TABLE_ROWS)
+            table.write_text(summary + ops)
+            self.written = [trace, table]
+            log.info("engine step profile written to %s and %s", trace, table)
+        except Exception as exc:  # a failed write must not stop the engine
+            log.warning("could not write the engine step profile: %s", exc)
+            self.directory = None
