@@ -48,10 +48,13 @@ class DecoderBenchResult:
     startup_s: float
 
 
-def make_jobs(decoder: FireflyGenerator, batch: int, chunk: int, seed: int = 0) -> list[DecodeJob]:
-    """`batch` random jobs of receptive-field context + `chunk` new frames."""
+def make_jobs(
+    decoder: FireflyGenerator, batch: int, chunk: int, seed: int = 0, whole_clips: bool = False
+) -> list[DecodeJob]:
+    """`batch` random jobs of receptive-field context + `chunk` new frames (no context with
+    `whole_clips`: each job is a clip decoded at once, as a non-streaming server does)."""
     rng = np.random.default_rng(seed)
-    context = receptive_field_frames(decoder.config)
+    context = 0 if whole_clips else receptive_field_frames(decoder.config)
     groups = decoder.config.n_groups
     return [
         DecodeJob(rng.integers(0, 1000, (groups, context + chunk), dtype=np.int64), context)
@@ -81,7 +84,13 @@ def build_runner(decoder: FireflyGenerator, max_batch: int, chunk: int, mode: st
 
 
 def bench_mode(
-    name: str, decoder: FireflyGenerator, mode: str, batches: list[int], chunk: int, repeats: int
+    name: str,
+    decoder: FireflyGenerator,
+    mode: str,
+    batches: list[int],
+    chunk: int,
+    repeats: int,
+    whole_clips: bool = False,
 ) -> list[DecoderBenchResult]:
     """All batch sizes of one weight dtype and mode."""
     if mode not in MODES:
@@ -96,7 +105,7 @@ def bench_mode(
     for batch in batches:
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        jobs = make_jobs(decoder, batch, chunk)
+        jobs = make_jobs(decoder, batch, chunk, whole_clips=whole_clips)
         if runner is None:
             call = partial(decode_batch, decoder, jobs)
         else:
@@ -129,12 +138,15 @@ def run_decoder_bench(
     repeats: int,
     output: Path | None,
     console: Console,
+    whole_clips: bool = False,
 ) -> list[DecoderBenchResult]:
-    """Sweep weight dtypes x modes x batch sizes; print a table, write JSON (+ .md) if asked."""
+    """Sweep weight dtypes x modes x batch sizes; print a table, write JSON (+ .md) if asked.
+
+    With `whole_clips`, jobs have no left context (see `make_jobs`)."""
     results = []
     for name, decoder in decoders.items():
         for mode in modes:
-            results += bench_mode(name, decoder, mode, batches, chunk, repeats)
+            results += bench_mode(name, decoder, mode, batches, chunk, repeats, whole_clips)
     head = ["weights", "mode", "batch", "chunk", "ctx", "ms/call", "frames/s", "RT streams"]
     head += ["peak GiB", "start-up s"]
     rows = [

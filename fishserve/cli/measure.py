@@ -298,6 +298,13 @@ def bench_decoder(
         ),
     ] = "eager,graphs",
     output: Annotated[Path | None, typer.Option(help="JSON results (+ .md table).")] = None,
+    whole_clips: Annotated[
+        bool,
+        typer.Option(
+            help="Jobs are whole clips of --chunk frames with no left context (e.g. --chunk 646 "
+            "for 30 s), as a non-streaming server decodes; default: streaming chunks."
+        ),
+    ] = False,
 ) -> None:
     """Batched decoder throughput (random released-size weights unless --decoder-checkpoint)."""
     from fishserve.audio.decoder_runner import resolve_kernels
@@ -327,4 +334,5 @@ def bench_decoder(
         repeats,
         output,
         err_console,
+        whole_clips=whole_clips,
     )

@@ -46,6 +46,19 @@ def test_bench_decoder_compares_eager_and_runner(tmp_path: Path) -> None:
     assert out.with_suffix(".md").read_text().count("\n| ") == 4  # one row per point
 
 
+def test_bench_decoder_whole_clips_have_no_context(tmp_path: Path) -> None:
+    out = tmp_path / "clips.json"
+    decoder = FIXTURES / "tiny_decoder"
+    run(["bench-decoder", "--device", "cpu", "--dtypes", "fp32", "--batch-sizes", "2",
+         "--chunk", "30", "--repeats", "1", "--modes", "eager,graphs", "--whole-clips",
+         "--decoder-checkpoint", str(decoder / "generator.pth"),
+         "--decoder-config", str(decoder / "config.json"), "--output", str(out)])  # fmt: skip
+    results = json.loads(out.read_text())
+    assert [(r["mode"], r["context"], r["chunk"]) for r in results] == [
+        ("eager", 0, 30), ("graphs", 0, 30)
+    ]  # fmt: skip
+
+
 def test_bench_engine_runs_on_the_tiny_model(tmp_path: Path) -> None:
     out = tmp_path / "engine.json"
     run(["bench-engine", "--checkpoint", str(FIXTURES / "tiny_t2s"), "--device", "cpu",
