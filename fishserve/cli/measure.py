@@ -221,6 +221,14 @@ def bench_engine(
         typer.Option(min=0, help="Top-p candidates checked before a full sort (0: always sort)."),
     ] = 1024,
     output: Annotated[Path | None, typer.Option(help="JSON results (+ .md table).")] = None,
+    dummy_logits: Annotated[
+        str,
+        typer.Option(
+            help="Random weights only: flat (plain random init; every row takes the sampler's "
+            "exact fallback) or peaked (slow logits with std 8, like bench-sampler's "
+            "trained-model stand-in)."
+        ),
+    ] = "flat",
 ) -> None:
     """Engine decode speed: ms per step and frames/s per batch size, KV dtype and mode."""
     from fishserve.bench.engine_speed import ENGINE_MODES, run_engine_bench
@@ -237,6 +245,7 @@ def bench_engine(
         device=dev,
         dtype=resolve_dtype(dtype, dev),
         load_format="auto" if checkpoint else "dummy",
+        dummy_logits=dummy_logits,
     )
     run_engine_bench(
         model,

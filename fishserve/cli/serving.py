@@ -55,6 +55,14 @@ def serve(
     load_format: Annotated[
         str | None, _setting("load_format", "auto (files) or dummy (random weights).")
     ] = None,
+    dummy_logits: Annotated[
+        str | None,
+        _setting(
+            "dummy_logits",
+            "Random weights only: flat (plain init; the sampler's slowest path) or peaked "
+            "(trained-model-like slow logits, std 8).",
+        ),
+    ] = None,
     device: Annotated[str | None, _setting("device", "auto, cpu, cuda, cuda:N.")] = None,
     dtype: Annotated[
         str | None, _setting("dtype", "Weights: auto (bf16 on GPU, fp32 on CPU), fp32, bf16, fp16.")

@@ -10,6 +10,7 @@ reference (strict=False), every key must match: a missing key is an error, not r
 from __future__ import annotations
 
 import logging
+import math
 import re
 from pathlib import Path
 
@@ -26,6 +27,9 @@ log = logging.getLogger(__name__)
 WEIGHT_FILES = ("model.pth", "model.safetensors")
 # The release reserves 2,048 ids after the mergeable ranks for special tokens (spec §3.1).
 RESERVED_SPECIAL_IDS = 2048
+DUMMY_LOGITS = ("flat", "peaked")
+# Std of "peaked" random slow logits: bench-sampler's trained-model stand-in (benchmarks §5).
+PEAKED_LOGIT_STD = 8.0
 # Buffers some saved checkpoints carry (caches, RoPE tables, masks); they are rebuilt, not loaded.
 _BUFFER_KEY = re.compile(r"(.*\.kv_cache\.[kv]_cache|(fast_)?freqs_cis|causal_mask)")
 
@@ -67,6 +71,7 @@ def build_model(
     device: torch.device | str,
     dtype: torch.dtype,
     seed: int = 0,
+    dummy_logits: str = "flat",
 ) -> DualARTransformer:
     """Instantiate the model on `device` in `dtype`, from `state` or with random weights.
 
@@ -76,6 +81,7 @@ def build_model(
         state: checkpoint tensors (any dtype, on CPU), or None for random weights
             (embeddings N(0, 1), linear layers N(0, 0.02), norms 1; seeded by `seed`).
         device, dtype: where and in which floating dtype the weights live.
+        dummy_logits: for random weights, ``"flat"`` or ``"peaked"`` (see `random_state`).
 
     Raises:
         CheckpointError: `state` does not have exactly the model's keys and shapes.
@@ -83,7 +89,7 @@ def build_model(
     with torch.device("meta"):
         model = DualARTransformer(config, *semantic_ids)
     if state is None:
-        state = random_state(model, device, dtype, seed)
+        state = random_state(model, device, dtype, seed, dummy_logits)
     else:
         expected = model.state_dict()
         check_keys(set(expected), set(state), "model checkpoint")
@@ -99,9 +105,29 @@ def build_model(
 
 
 def random_state(
-    model: DualARTransformer, device: torch.device | str, dtype: torch.dtype, seed: int
+    model: DualARTransformer,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    seed: int,
+    dummy_logits: str = "flat",
 ) -> dict[str, Tensor]:
-    """Random weights with the model's keys and shapes (for `--load-format dummy`)."""
+    """Random weights with the model's keys and shapes (for `--load-format dummy`).
+
+    ``dummy_logits="flat"``: linear layers N(0, 0.02), so the slow logits have a standard
+    deviation of 0.02 * sqrt(dim) (0.64 for the release): nearly uniform over the vocabulary,
+    and the top-k prefilter of the token sampler never holds the top-p nucleus (every row
+    takes the exact fallback, the sampler's slowest path). ``"peaked"``: the slow output layer
+    is drawn so that the logits have a standard deviation of `PEAKED_LOGIT_STD`, the stand-in
+    for a trained model used by `fishserve bench-sampler` (docs/benchmarks.md §5); benchmarks
+    then take the sampler path real weights are expected to take.
+
+    Raises:
+        ValueError: an unknown ``dummy_logits``.
+    """
+    if dummy_logits not in DUMMY_LOGITS:
+        raise ValueError(f"dummy_logits must be one of {', '.join(DUMMY_LOGITS)}")
+    c = model.config
+    output_key = "embeddings.weight" if c.tie_word_embeddings else "output.weight"
     gen = torch.Generator(device=device).manual_seed(seed)
     state = {}
     for key, meta in model.state_dict().items():
@@ -109,6 +135,8 @@ def random_state(
             state[key] = torch.ones(meta.shape, device=device, dtype=dtype)
             continue
         std = 1.0 if "embeddings" in key else 0.02
+        if dummy_logits == "peaked" and key == output_key:
+            std = PEAKED_LOGIT_STD / math.sqrt(c.dim)  # logits: RMS-normed h (RMS 1) . w
         t = torch.empty(meta.shape, device=device, dtype=dtype)
         state[key] = t.normal_(0.0, std, generator=gen)
     return state
@@ -161,6 +189,7 @@ def load_text2semantic(
     dtype: torch.dtype = torch.float32,
     load_format: str = "auto",
     seed: int = 0,
+    dummy_logits: str = "flat",
 ) -> tuple[DualARTransformer, FishTokenizer]:
     """Load the model and tokenizer of an official checkpoint folder.
 
@@ -171,13 +200,17 @@ def load_text2semantic(
             used, with random weights.
         device, dtype: placement of the weights.
         load_format: "auto" (read the weights) or "dummy" (random weights, for benchmarks).
+        dummy_logits: with random weights, "flat" or "peaked" slow logits (`random_state`).
 
     Raises:
         FileNotFoundError: a required file is missing.
-        ValueError / CheckpointError: bad config, tokenizer or weights.
+        ValueError / CheckpointError: bad config, tokenizer or weights; `dummy_logits` other
+            than "flat" with real weights.
     """
     if load_format not in ("auto", "dummy"):
         raise ValueError(f"unknown load format {load_format!r}; use auto or dummy")
+    if dummy_logits != "flat" and load_format != "dummy":
+        raise ValueError("dummy_logits applies to random weights only (--load-format dummy)")
     folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
     if folder is not None and not folder.is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {folder}")
@@ -201,7 +234,7 @@ def load_text2semantic(
         )
     state = load_weights(folder) if load_format == "auto" else None
     semantic = (tokenizer.semantic_begin_id, tokenizer.semantic_end_id)
-    model = build_model(config, semantic, state, device, dtype, seed)
+    model = build_model(config, semantic, state, device, dtype, seed, dummy_logits)
     source = "random (dummy)" if load_format == "dummy" else "checkpoint"
     log.info("text2semantic model: %s weights, %s, %s", source, dtype, device)
     return model, tokenizer

@@ -50,6 +50,9 @@ class ServerConfig(BaseModel):
     decoder_checkpoint: Path | None = None
     decoder_config: Path | None = None
     load_format: Literal["auto", "dummy"] = "auto"
+    # Random weights only: "peaked" slow logits take the sampler path real weights are expected
+    # to take; "flat" (plain random init) sends every row through the exact fallback.
+    dummy_logits: Literal["flat", "peaked"] = "flat"
     device: str = "auto"
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     threads: int | None = Field(None, ge=1)

@@ -236,11 +236,13 @@ def check_settings(config: ServerConfig) -> None:
 
     Raises:
         ValueError: CUDA asked for but absent, a bad budget, a fraction of GPU memory on CPU,
-            Triton decoder kernels where they cannot run.
+            Triton decoder kernels where they cannot run, dummy_logits with real weights.
         FileNotFoundError: a checkpoint folder, decoder weights or decoder config is missing.
     """
     device = resolve_device(config.device)
     resolve_kernels(config.decoder_kernels, device, capability=False)  # no CUDA context here
+    if config.dummy_logits != "flat" and not config.random_weights:
+        raise ValueError("dummy_logits applies to random weights only (--load-format dummy)")
     if config.gpu_memory_budget is not None:
         budget = parse_memory_size(config.gpu_memory_budget)
         if isinstance(budget, float) and device.type != "cuda":
@@ -311,6 +313,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
         device=device,
         dtype=weight_dtype,
         load_format="dummy" if dummy else "auto",
+        dummy_logits=config.dummy_logits,
     )
     # bf16/fp16 decoding on the GPU: faster and half the workspace (docs/benchmarks.md).
     decoder_dtype = weight_dtype if device.type == "cuda" else torch.float32

@@ -77,6 +77,7 @@ TRITON_ON_CPU = pytest.param(
         ([*TINY, "--num-kv-blocks", "0"], "num_kv_blocks = 0 (from --num-kv-blocks)"),
         ([*TINY, "--load-format", "weird"], "load_format = 'weird' (from --load-format)"),
         ([*TINY, "--decoder-kernels", "cudnn"], "decoder_kernels = 'cudnn'"),
+        ([*TINY, "--dummy-logits", "peaked"], "dummy_logits applies to random weights only"),
         TRITON_ON_CPU,
     ],
 )
