@@ -21,9 +21,15 @@ def render_table(head: list[str], rows: list[list[str]], console: Console) -> st
 
 
 def write_results(output: Path | None, payload: object, markdown: str) -> None:
-    """Write `payload` as JSON to `output` and `markdown` next to it (`.md`); None: nothing."""
+    """Write `payload` as JSON to `output` and `markdown` next to it (`.md`); None: nothing.
+
+    An `output` ending in `.md` gets the JSON in the `.json` file beside it (not overwritten by
+    the table).
+    """
     if output is None:
         return
+    if output.suffix == ".md":
+        output = output.with_suffix(".json")
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(payload, indent=2))
     output.with_suffix(".md").write_text(markdown + "\n")

@@ -219,6 +219,7 @@ class AsyncEngine:
         finally:
             self._stop.set()
             self._cancel_all()
+            self.profiler.close()
 
     def _drain_inbox(self, block: bool) -> None:
         try:

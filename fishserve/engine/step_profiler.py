@@ -9,9 +9,11 @@ the same role) and the engine thread records steps ``FISHSERVE_PROFILE_START_STE
 * ``DIR/engine_steps_<pid>.txt``: the mean wall time of the recorded steps and the operators
   sorted by device time (host time on CPU).
 
-The profiler records every CPU thread and CUDA stream of the process, so the decoder's
-kernels (its own thread and stream in the engine core) appear beside the engine's. Recording
-slows the recorded steps; the numbers are for finding where time goes, not for benchmarks.
+The profiler records the CPU ops of every thread of the process where PyTorch supports it
+(``profile_all_threads``; else the engine thread's only) and the CUDA kernels of every stream,
+so the decoder's work (its own thread and stream in the engine core) appears beside the
+engine's. Recording slows the recorded steps; the numbers are for finding where time goes, not
+for benchmarks. A window still open when the engine stops is written as it is (fewer steps).
 """
 
 from __future__ import annotations
@@ -31,22 +33,32 @@ ENV_START = "FISHSERVE_PROFILE_START_STEP"
 ENV_STEPS = "FISHSERVE_PROFILE_STEPS"
 DEFAULT_START = 500
 DEFAULT_STEPS = 30
+MAX_STEPS = 1000  # the trace of every step stays in memory until it is written
 TABLE_ROWS = 40
+ENV_VARS = frozenset({ENV_DIR, ENV_START, ENV_STEPS})
 
 __all__ = ["StepProfiler"]
 
 
-def _env_int(name: str, default: int, minimum: int) -> int:
+def _env_int(name: str, default: int, minimum: int, maximum: int | None = None) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise ValueError(f"{name} must be a whole number >= {minimum}, got {raw!r}")
+    value = int(raw) if raw.isascii() and raw.isdigit() else -1
+    if value < minimum or (maximum is not None and value > maximum):
+        upper = f" and <= {maximum}" if maximum is not None else ""
+        raise ValueError(f"{name} must be a whole number >= {minimum}{upper}, got {raw!r}")
     return value
+
+
+def _all_threads_config() -> object | None:
+    """Kineto's ``profile_all_threads`` option where this PyTorch has it (None otherwise)."""
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        return _ExperimentalConfig(profile_all_threads=True)
+    except (ImportError, TypeError):
+        return None
 
 
 class StepProfiler:
@@ -75,13 +87,25 @@ class StepProfiler:
     def from_env(cls) -> StepProfiler:
         """The profiler the environment asks for (module docstring); disabled when unset.
 
+        The directory is created here, so an unusable one fails at start.
+
         Raises:
-            ValueError: a step count that is not a whole number, or below its minimum.
+            ValueError: (with the directory set) a step count that is not a whole number or
+                out of range (steps: 1 to `MAX_STEPS`), or a directory that cannot be created.
         """
         raw = os.environ.get(ENV_DIR, "").strip()
+        if not raw:
+            return cls(None, DEFAULT_START, DEFAULT_STEPS)
         start = _env_int(ENV_START, DEFAULT_START, 0)
-        steps = _env_int(ENV_STEPS, DEFAULT_STEPS, 1)
-        return cls(Path(raw) if raw else None, start, steps)
+        steps = _env_int(ENV_STEPS, DEFAULT_STEPS, 1, MAX_STEPS)
+        directory = Path(raw).expanduser()
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"{ENV_DIR}: cannot create {directory}: {exc}") from exc
+        if not os.access(directory, os.W_OK):
+            raise ValueError(f"{ENV_DIR}: {directory} is not writable")
+        return cls(directory, start, steps)
 
     @property
     def enabled(self) -> bool:
@@ -96,7 +120,7 @@ class StepProfiler:
             activities = [ProfilerActivity.CPU]
             if torch.cuda.is_available():
                 activities.append(ProfilerActivity.CUDA)
-            self._prof = profile(activities=activities)
+            self._prof = profile(activities=activities, experimental_config=_all_threads_config())
             self._prof.__enter__()
             log.info("profiling engine steps %d to %d", self._steps, self._end - 1)
         self._started = time.perf_counter()
@@ -109,6 +133,11 @@ class StepProfiler:
             self._wall += time.perf_counter() - self._started
         self._steps += 1
         if self._prof is not None and self._steps == self._end:
+            self._finish()
+
+    def close(self) -> None:
+        """Call when the engine stops: writes a window that is still open (fewer steps)."""
+        if self._prof is not None:
             self._finish()
 
     @property
@@ -127,9 +156,10 @@ class StepProfiler:
             trace, table = stem.with_suffix(".json"), stem.with_suffix(".txt")
             prof.export_chrome_trace(str(trace))
             sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+            recorded = self._steps - self.start_step
             summary = (
-                f"engine steps {self.start_step}..{self._end - 1}: "
-                f"{1e3 * self._wall / self.num_steps:.2f} ms wall per step (while recording)\n\n"
+                f"engine steps {self.start_step}..{self._steps - 1}: "
+                f"{1e3 * self._wall / max(recorded, 1):.2f} ms wall per step (while recording)\n\n"
             )
             ops = prof.key_averages().table(sort_by=sort, row_limit=TABLE_ROWS)
             table.write_text(summary + ops)

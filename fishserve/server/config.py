@@ -27,12 +27,14 @@ from pydantic import (
     field_validator,
 )
 
+from fishserve.engine.step_profiler import ENV_VARS as STEP_PROFILER_ENV_VARS
+
 log = logging.getLogger(__name__)
 ENV_PREFIX = "FISHSERVE_"
 # Other names accepted for a setting (alias -> setting).
 ALIASES = {"memory_budget": "gpu_memory_budget"}
 # FISHSERVE_* variables read elsewhere, not settings (no "unknown variable" warning).
-OTHER_ENV_VARS = frozenset({"FISHSERVE_FUSION"})
+OTHER_ENV_VARS = frozenset({"FISHSERVE_FUSION"}) | STEP_PROFILER_ENV_VARS
 # Frames per segment when a request does not say (spec §5: the reference HTTP API's 1024).
 DEFAULT_MAX_NEW_TOKENS = 1024
 # Random weights rarely sample <|im_end|>: cap a segment at ~3 s of audio instead.

@@ -23,6 +23,7 @@ from fishserve.audio.streaming import ChunkPolicy
 from fishserve.engine.async_engine import AsyncEngine
 from fishserve.engine.engine import EngineConfig, EngineStats, GenerationRequest, LLMEngine
 from fishserve.engine.memory import configure_cuda_allocator, parse_memory_size
+from fishserve.engine.step_profiler import StepProfiler
 from fishserve.models.firefly import FireflyGenerator
 from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
 from fishserve.server.config import ServerConfig
@@ -236,11 +237,13 @@ def check_settings(config: ServerConfig) -> None:
 
     Raises:
         ValueError: CUDA asked for but absent, a bad budget, a fraction of GPU memory on CPU,
-            Triton decoder kernels where they cannot run, dummy_logits with real weights.
+            Triton decoder kernels where they cannot run, dummy_logits with real weights, bad
+            step-profiler variables (`StepProfiler.from_env`).
         FileNotFoundError: a checkpoint folder, decoder weights or decoder config is missing.
     """
     device = resolve_device(config.device)
     resolve_kernels(config.decoder_kernels, device, capability=False)  # no CUDA context here
+    StepProfiler.from_env()  # bad profiler variables fail here, before anything loads
     if config.dummy_logits != "flat" and not config.random_weights:
         raise ValueError("dummy_logits applies to random weights only (--load-format dummy)")
     if config.gpu_memory_budget is not None:

@@ -106,8 +106,11 @@ def test_bad_kernel_inputs_are_refused_before_launch() -> None:
         with pytest.raises(ValueError, match=message):
             causal_conv_cl(args.pop("x"), packed, silu_in=True, **args)
     same = PackedConv.from_conv(CausalConv1d(6, 6, 3))
-    with pytest.raises(ValueError, match="must not be x"):
+    with pytest.raises(ValueError, match="must not share memory with x"):
         causal_conv_cl(good, same, silu_in=True, out=good)
+    buffer = torch.zeros(2 * 9 * 6 + 6)
+    with pytest.raises(ValueError, match="must not share memory with x"):  # overlapping views
+        causal_conv_cl(buffer[:108].view(2, 9, 6), same, silu_in=True, out=buffer[6:].view(2, 9, 6))
 
 
 @pytest.mark.skipif(not triton_head_available(), reason="Triton is not installed")
@@ -238,3 +241,15 @@ def test_triton_head_full_size_half_precision(dtype: torch.dtype) -> None:
     assert rel(fused) <= max(2 * rel(torch_half), 1e-3), (rel(fused), rel(torch_half))
     tail = 7 * half.config.frame_samples
     assert fused[2, 0, tail:].abs().max().item() == 0.0
+
+
+@pytest.mark.skipif(not triton_head_available(), reason="Triton is not installed")
+def test_empty_batch_gives_empty_audio(monkeypatch) -> None:
+    from fishserve.models.firefly.triton_head import TritonHead
+
+    monkeypatch.setenv("TRITON_INTERPRET", "true")  # Triton's own spellings are accepted
+    head = build_dummy_firefly(TINY / "firefly_gan_vq_tiny.yaml").head
+    fused = TritonHead(head)
+    no_items = torch.zeros(0, 32, 5)
+    assert fused(no_items).shape == head(no_items).shape == (0, 1, 5 * 64)  # hop 64
+    assert fused(torch.zeros(2, 32, 0)).shape == (2, 1, 0)

@@ -25,6 +25,7 @@ also runs on the CPU (slowly), which is how the tests check it without a GPU.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -229,8 +230,9 @@ def _check_io(x: Tensor, conv: PackedConv, extra: dict[str, Tensor | None]) -> N
             continue
         if tuple(t.shape) != want or not t.is_contiguous() or t.dtype != x.dtype:
             raise ValueError(f"{name}: expected a contiguous {x.dtype} tensor of shape {want}")
-        if t.device != x.device or (name != "residual" and t.data_ptr() == x.data_ptr()):
-            raise ValueError(f"{name}: must be on {x.device} and must not be x itself")
+        shares_x = t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        if t.device != x.device or (name != "residual" and shares_x):
+            raise ValueError(f"{name}: must be on {x.device} and must not share memory with x")
 
 
 def causal_conv_cl(
@@ -319,7 +321,8 @@ class TritonHead:
         if triton is None:
             raise RuntimeError("the Triton head needs Triton (pip install triton)")
         device = head.conv_pre.conv.weight.device
-        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        interpret = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
+        if device.type != "cuda" and not interpret:
             raise ValueError(f"the Triton head runs on CUDA devices, not {device}")
         self.pre = PackedConv.from_conv(head.conv_pre)
         self.stages = tuple(
@@ -333,6 +336,9 @@ class TritonHead:
 
         The output is in the weights' dtype; values in (-1, 1).
         """
+        if z.shape[0] == 0 or z.shape[2] == 0:  # nothing to launch
+            hop = math.prod(stage.up.upsample for stage in self.stages)
+            return z.new_zeros((z.shape[0], 1, z.shape[2] * hop))
         x = causal_conv_cl(z.transpose(1, 2).contiguous(), self.pre, silu_in=False)
         for stage in self.stages:
             batch, seq_len, _ = x.shape
