@@ -86,9 +86,8 @@ def resolve_kernels(kernels: str, device: torch.device, capability: bool = True)
             f"decoder kernels 'triton' need a CUDA device of compute capability 8.0+ and "
             f"Triton ({missing}); use 'auto' or 'torch'"
         )
-    usable = not missing
     if kernels == "auto":
-        return "triton" if usable else "torch"
+        return "torch" if missing else "triton"
     return kernels
 
 

@@ -122,7 +122,7 @@ def bench_mode(
                 jobs[0].context_frames,
                 seconds * 1e3,
                 fps,
-                fps * decoder.config.frame_samples / decoder.config.sample_rate,
+                fps / decoder.config.frame_rate,
                 peak,
                 startup,
             )

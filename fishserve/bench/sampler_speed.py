@@ -22,6 +22,7 @@ from rich.console import Console
 
 from fishserve.bench.tables import render_table, write_results
 from fishserve.engine.frame import BatchSampling, inexact_rows, resample_rows_, sample_token
+from fishserve.models.loading import PEAKED_LOGIT_STD
 
 VOCAB = 102_048  # released slow vocabulary (spec §1)
 
@@ -93,7 +94,7 @@ def run_sampler_bench(
     repeats: int,
     output: Path | None,
     console: Console,
-    peaked_scale: float = 8.0,
+    peaked_scale: float = PEAKED_LOGIT_STD,
     flat_scale: float = 0.64,
 ) -> list[SamplerBenchResult]:
     """Both kinds of logits x batch sizes; prints a table, writes JSON (+ .md) if asked."""

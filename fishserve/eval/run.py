@@ -113,7 +113,7 @@ def decode(loaded: Loaded, codes: torch.Tensor) -> np.ndarray:
 def make_prompts(opts: EvalOptions, loaded: Loaded) -> list[Prompt]:
     """The short and long request, with frame counts at the decoder's frame rate."""
     cfg = loaded.decoder.config
-    rate = cfg.sample_rate / cfg.frame_samples
+    rate = cfg.frame_rate
     return [
         Prompt("short", opts.short_text, max(1, round(opts.short_seconds * rate))),
         Prompt("long", opts.long_text, max(1, round(opts.long_seconds * rate))),

@@ -192,6 +192,11 @@ class FireflyConfig:
         return self.hop_length * self.downsample_factor
 
     @property
+    def frame_rate(self) -> float:
+        """Code frames per second of audio: ``sample_rate / frame_samples`` (21.53 release)."""
+        return self.sample_rate / self.frame_samples
+
+    @property
     def n_groups(self) -> int:
         """Codes per frame (rows of the code tensor; 8 for the release)."""
         return self.quantizer.n_groups
