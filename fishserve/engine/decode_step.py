@@ -11,6 +11,7 @@ one the full computation gives.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, fields
 
@@ -96,6 +97,17 @@ class DecodeInputs:
         )
 
 
+def _block_tables(items: list[tuple[Sequence, int]], max_blocks: int) -> np.ndarray:
+    """int32 (len(items), max_blocks) block tables, zero-padded (one NumPy scatter)."""
+    lengths = np.fromiter((len(q.block_table) for q, _ in items), np.int64, len(items))
+    flat = np.fromiter(
+        itertools.chain.from_iterable(q.block_table for q, _ in items), np.int32, int(lengths.sum())
+    )
+    tables = np.zeros((len(items), max_blocks), dtype=np.int32)
+    tables[np.arange(max_blocks) < lengths[:, None]] = flat
+    return tables
+
+
 def _row_layout(items: list[tuple[Sequence, int]]) -> tuple[np.ndarray, list[Sequence]]:
     """Order of the flattened positions: each sampler's last position first, then the rest.
 
@@ -129,22 +141,23 @@ def build_row_inputs(
         ``(inputs, samplers)``: DecodeInputs of R = sum(n) rows, and the S samplers in order.
     """
     order, samplers = _row_layout(items)
-    columns = np.concatenate(
-        [q.columns_np(q.num_computed, q.num_computed + n) for q, n in items], 1
-    )
-    positions = np.concatenate([np.arange(s.num_computed, s.num_computed + n) for s, n in items])
+    if all(n == 1 for _, n in items):  # a pure decode step: one column per sequence
+        columns = np.stack([q.column_np(q.num_computed) for q, _ in items])
+        positions = np.fromiter((q.num_computed for q, _ in items), np.int64, len(items))
+    else:
+        parts = [q.columns_np(q.num_computed, q.num_computed + n) for q, n in items]
+        columns = np.ascontiguousarray(np.concatenate(parts, 1).T)
+        spans = [np.arange(q.num_computed, q.num_computed + n) for q, n in items]
+        positions = np.concatenate(spans)
     owner = np.repeat(np.arange(len(items)), [n for _, n in items])
-    tables = np.zeros((len(items), max_blocks), dtype=np.int32)
-    for i, (seq, _) in enumerate(items):
-        tables[i, : len(seq.block_table)] = seq.block_table
-    positions, tables = positions[order], tables[owner[order]]
+    positions, tables = positions[order], _block_tables(items, max_blocks)[owner[order]]
     rows = np.arange(len(order))
     slots = tables[rows, positions // block_size].astype(np.int64) * block_size
     slots += positions % block_size
     pad, shape = len(order) - len(samplers), tuple(items[0][0].window.shape)
     sampling = build_sampling_inputs(samplers, pad, shape)
     inputs = DecodeInputs(
-        columns=torch.from_numpy(np.ascontiguousarray(columns.T[order])),
+        columns=torch.from_numpy(columns[order]),
         positions=torch.from_numpy(positions),
         slot_mapping=torch.from_numpy(slots),
         block_tables=torch.from_numpy(tables),
@@ -204,21 +217,26 @@ def build_sampling_inputs(
     `window_shape` (1 + nc, 16)): rows whose samples nobody reads.
     """
 
-    def col(values: list, dtype: torch.dtype, neutral: float) -> Tensor:
-        return torch.tensor(values + [neutral] * pad, dtype=dtype)
-
+    n = len(seqs)
+    floats = np.ones((n + pad, 3), dtype=np.float32)  # temperature, top_p, penalty
+    ints = np.zeros((n + pad, 3), dtype=np.int64)  # seed, segment, frames
+    if n:
+        floats[:n] = [
+            (s.params.temperature, s.params.top_p, s.params.repetition_penalty if s.frames else 1.0)
+            for s in seqs
+        ]
+        ints[:n] = [(s.seed, s.segment, len(s.frames)) for s in seqs]
     windows = [seq.window for seq in seqs]
     if pad:
         windows.extend([np.zeros(window_shape, dtype=np.int64)] * pad)
+    f, i = torch.from_numpy(floats.T.copy()), torch.from_numpy(ints.T.copy())
     return SamplingInputs(
-        temperature=col([s.params.temperature for s in seqs], torch.float32, 1.0),
-        top_p=col([s.params.top_p for s in seqs], torch.float32, 1.0),
-        penalty=col(
-            [s.params.repetition_penalty if s.frames else 1.0 for s in seqs], torch.float32, 1.0
-        ),
-        seeds=col([s.seed for s in seqs], torch.int64, 0),
-        segments=col([s.segment for s in seqs], torch.int64, 0),
-        frames=col([len(s.frames) for s in seqs], torch.int64, 0),
+        temperature=f[0],
+        top_p=f[1],
+        penalty=f[2],
+        seeds=i[0],
+        segments=i[1],
+        frames=i[2],
         windows=torch.from_numpy(np.stack(windows)),
     )
 

@@ -340,10 +340,12 @@ class LLMEngine:
         if index >= 1:  # the first frame of a segment is not audio (spec §6.2)
             codes = torch.from_numpy(row[1:])
             events.append(EngineEvent(seq.request_id, codes=codes, segment=seq.segment))
-        stop = index >= 1 and int(row[0]) == self.tokenizer.im_end_id and not seq.ignore_eos
-        if stop or len(seq.frames) >= seq.budget:
-            events.append(self._end_segment(seq))
-        return [e for e in events if e is not None]
+        stop = index >= 1 and row[0] == self.tokenizer.im_end_id and not seq.ignore_eos
+        if stop or index + 1 >= seq.budget:
+            end = self._end_segment(seq)
+            if end is not None:
+                events.append(end)
+        return events
 
     def _end_segment(self, seq: Sequence) -> EngineEvent | None:
         seq.plan.record(torch.from_numpy(np.stack(seq.frames, axis=1)))

@@ -116,6 +116,8 @@ class Scheduler:
 
         Returns False when `seq` itself had to be preempted.
         """
+        if len(seq.block_table) * self.blocks.block_size >= positions:
+            return True  # the common decode step: the last block has room
         while not self.blocks.can_grow(seq.block_table, positions):
             victim = self.running[-1]
             self._preempt(victim, batch)

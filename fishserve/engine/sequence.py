@@ -65,6 +65,7 @@ class Sequence:
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
     window: np.ndarray = field(default_factory=lambda: np.zeros((0, REPETITION_WINDOW), np.int64))
+    prompt_np: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
     status: Status = Status.WAITING
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
@@ -72,6 +73,7 @@ class Sequence:
     def start_segment(self, prompt: Tensor, budget: int) -> None:
         """Reset the per-segment state for a new prompt (1 + nc, P)."""
         self.prompt = prompt
+        self.prompt_np = prompt.numpy()
         self.budget = budget
         self.frames = []
         self.num_computed = 0
@@ -80,7 +82,7 @@ class Sequence:
     @property
     def num_positions(self) -> int:
         """Prompt positions plus generated frames of the current segment."""
-        return self.prompt.shape[1] + len(self.frames)
+        return self.prompt_np.shape[1] + len(self.frames)
 
     @property
     def num_pending(self) -> int:
@@ -93,14 +95,19 @@ class Sequence:
 
     def columns_np(self, start: int, end: int) -> np.ndarray:
         """`columns` as a NumPy array (no PyTorch operation; see the class docstring)."""
-        p = self.prompt.shape[1]
+        p = self.prompt_np.shape[1]
         parts = []
         if start < p:
-            parts.append(self.prompt.numpy()[:, start : min(end, p)])
+            parts.append(self.prompt_np[:, start : min(end, p)])
         if end > p:
             frames = self.frames[max(start - p, 0) : end - p]
             parts.append(np.stack(frames, axis=1))
         return np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+
+    def column_np(self, index: int) -> np.ndarray:
+        """The input column int64 (1 + nc,) of position `index` (a view; no copy)."""
+        p = self.prompt_np.shape[1]
+        return self.prompt_np[:, index] if index < p else self.frames[index - p]
 
     def add_frame(self, frame: np.ndarray | Tensor) -> None:
         """Record a sampled frame (1 + nc,); decode-loop frames enter the penalty window.
