@@ -28,6 +28,7 @@ from fishserve.models.firefly import FireflyGenerator
 from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
 from fishserve.server.config import ServerConfig
 from fishserve.server.decode_worker import DecodeWorker
+from fishserve.server.gc_control import GC_PAUSES, freeze_after_startup
 from fishserve.server.pipeline import AudioChunk, synthesize
 from fishserve.synthesis import DECODER_FILENAME, load_decoder
 
@@ -287,7 +288,10 @@ def build_runtime(config: ServerConfig) -> ServingRuntime:
     if uses_engine_process(config):
         from fishserve.server.core_client import start_remote_runtime
 
-        return start_remote_runtime(config)
+        remote = start_remote_runtime(config)
+        freeze_after_startup()  # the HTTP process's own start-up objects
+        GC_PAUSES.install()
+        return remote
     return build_local_runtime(config)
 
 
@@ -365,6 +369,8 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
         device=device,
         weight_dtype=weight_dtype,
     )
+    freeze_after_startup()  # before the threads start: nothing of theirs is frozen in passing
+    GC_PAUSES.install()
     runtime.engine.start()
     runtime.decode_worker.start()
     return runtime
