@@ -147,6 +147,14 @@ def serve(
             "or torch (cuDNN).",
         ),
     ] = None,
+    gpu_sharing: Annotated[
+        str | None,
+        _setting(
+            "gpu_sharing",
+            "How engine steps and decoder calls share the GPU: overlap (at once, on two CUDA "
+            "streams) or turns (one decoder call between steps).",
+        ),
+    ] = None,
     max_reference_seconds: Annotated[
         float | None, _setting("max_reference_seconds", "Longest reference audio (s).")
     ] = None,

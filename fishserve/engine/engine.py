@@ -6,8 +6,11 @@ called from one thread (`AsyncEngine` runs it on its own thread for the server).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -170,6 +173,9 @@ class LLMEngine:
         )
         self.sequences: dict[str, Sequence] = {}
         self.frames_generated = 0
+        # Held around each step's device work: `GpuTurns.turn("engine")` when the engine takes
+        # turns on the GPU with the audio decoder (server setting gpu_sharing), else nothing.
+        self.gpu_turn: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
 
     # -- setup ---------------------------------------------------------------------------------
     def _plan_memory(self, kv_bytes_per_token: int) -> MemoryPlan:
@@ -323,7 +329,8 @@ class LLMEngine:
         if not batch:
             return []
         try:
-            results = self.runner.execute(batch)
+            with self.gpu_turn():
+                results = self.runner.execute(batch)
         except Exception as exc:  # a failed step fails its requests, not the engine
             log.exception("step failed for %d sequences", len(batch.items))
             return [self._fail(seq, f"generation failed: {exc}") for seq, _ in batch.items]

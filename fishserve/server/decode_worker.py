@@ -18,11 +18,13 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
 
 from fishserve.audio.batching import DecodeJob
 from fishserve.audio.decoder_runner import DecoderRunner
+from fishserve.engine.gpu_turns import GpuTurns
 
 log = logging.getLogger(__name__)
 _Item = tuple[float, int, DecodeJob, "Future[np.ndarray]"]
@@ -33,10 +35,14 @@ class DecodeWorker:
 
     Args:
         runner: the decoder runner (used only on the worker thread).
+        gpu_turns: take turns on the GPU with the engine's steps (`GpuTurns`, party
+            "decoder"): each call waits for the running step and runs before the next one.
+            None: calls run whenever jobs are queued, beside the steps.
     """
 
-    def __init__(self, runner: DecoderRunner) -> None:
+    def __init__(self, runner: DecoderRunner, gpu_turns: GpuTurns | None = None) -> None:
         self.runner = runner
+        self.gpu_turns = gpu_turns
         self.max_batch = runner.max_batch
         self._inbox: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._heap: list[_Item] = []
@@ -85,11 +91,23 @@ class DecodeWorker:
         while not (stopping and not self._heap):
             if not self._heap and not stopping:
                 stopping = self._take(self._inbox.get()) or stopping
-            while not self._inbox.empty():  # everything queued meanwhile competes by deadline
-                stopping = self._take(self._inbox.get_nowait()) or stopping
-            if self._heap:
+            if not self._heap:
+                stopping = self._drain() or stopping
+                continue
+            with self._turn():
+                stopping = self._drain() or stopping  # what arrived during the wait competes too
                 n = min(self.max_batch, len(self._heap))
                 self._run([heapq.heappop(self._heap) for _ in range(n)])
+
+    def _turn(self) -> AbstractContextManager[object]:
+        return nullcontext() if self.gpu_turns is None else self.gpu_turns.turn("decoder")
+
+    def _drain(self) -> bool:
+        """Move everything queued into the heap (earliest deadline first); True on stop."""
+        stopping = False
+        while not self._inbox.empty():
+            stopping = self._take(self._inbox.get_nowait()) or stopping
+        return stopping
 
     def _take(self, item: _Item | None) -> bool:
         """Add an inbox item to the heap; True for the stop sentinel."""

@@ -129,6 +129,7 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
     model.update(dtype=info.weight_dtype, device=info.device, kv_cache_dtype=info.kv_cache_dtype)
     model["engine_process"] = runtime.restartable
     model["decoder_kernels"] = info.decoder_kernels
+    model["gpu_sharing"] = info.gpu_sharing
     report = {
         "status": status,
         "loaded": True,

@@ -9,6 +9,7 @@ process holding a `Runtime`, so that the engine loop never competes with HTTP wo
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from fishserve.audio.references import ReferenceEncoder
 from fishserve.audio.streaming import ChunkPolicy
 from fishserve.engine.async_engine import AsyncEngine
 from fishserve.engine.engine import EngineConfig, EngineStats, GenerationRequest, LLMEngine
+from fishserve.engine.gpu_turns import GpuTurns
 from fishserve.engine.memory import configure_cuda_allocator, parse_memory_size
 from fishserve.engine.step_profiler import StepProfiler
 from fishserve.models.firefly import FireflyGenerator
@@ -55,6 +57,8 @@ class RuntimeInfo:
         kv_cache_dtype: KV cache dtype name (``bf16``, ``int8``, ...).
         block_size: positions per KV block.
         decoder_kernels: the GPU decoder head's kernels in use, ``triton`` or ``torch``.
+        gpu_sharing: ``overlap`` or ``turns`` (how engine steps and decoder calls share the
+            GPU; `ServerConfig.gpu_sharing`).
     """
 
     sample_rate: int
@@ -64,6 +68,7 @@ class RuntimeInfo:
     kv_cache_dtype: str
     block_size: int
     decoder_kernels: str = "torch"
+    gpu_sharing: str = "overlap"
 
 
 @dataclass
@@ -146,6 +151,7 @@ class Runtime:
             kv_cache_dtype=layout.dtype,
             block_size=layout.block_size,
             decoder_kernels=self.decode_worker.runner.kernels,
+            gpu_sharing="overlap" if self.decode_worker.gpu_turns is None else "turns",
         )
 
     @property
@@ -351,6 +357,9 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
             ),
         ),
     )
+    turns = GpuTurns() if config.gpu_sharing == "turns" else None
+    if turns is not None:
+        engine.gpu_turn = functools.partial(turns.turn, "engine")
     runtime = Runtime(
         engine=AsyncEngine(engine, max_waiting=config.max_waiting),
         decoder=decoder,
@@ -362,7 +371,8 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
                 use_graphs=not config.enforce_eager,
                 compile=config.decoder_compile,
                 kernels=config.decoder_kernels,
-            )
+            ),
+            gpu_turns=turns,
         ),
         references=ReferenceEncoder(decoder, max_seconds=config.max_reference_seconds),
         chunk_policy=policy,

@@ -118,3 +118,22 @@ def test_a_runner_returning_too_few_chunks_is_retried_not_fatal() -> None:
     assert worker.submit(job(3)).result(5)[0] == 3  # the thread is still alive
     worker.shutdown()
     assert runner.calls == [[0], [1, 2], [1], [2], [3]]
+
+
+def test_with_gpu_turns_a_call_waits_for_the_engine_step() -> None:
+    from fishserve.engine.gpu_turns import GpuTurns
+
+    runner = GatedRunner(max_batch=4)
+    runner.gate.set()
+    turns = GpuTurns()
+    worker = DecodeWorker(runner, gpu_turns=turns)  # type: ignore[arg-type]
+    worker.start()
+    try:
+        with turns.turn("engine"):  # a step is running: the decoder must not start
+            futures = [worker.submit(job(tag)) for tag in (1, 2, 3)]
+            assert not runner.entered.wait(0.2)
+            assert runner.calls == []
+        assert [f.result(5)[0] for f in futures] == [1, 2, 3]
+        assert runner.calls == [[1, 2, 3]]  # jobs that queued during the wait share one call
+    finally:
+        worker.shutdown()

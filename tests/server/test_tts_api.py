@@ -238,6 +238,19 @@ def test_random_weights_default_to_64_frames_per_segment(tmp_path):
         assert 0 < len(pcm(response.content)) <= 63 * FRAME_SAMPLES
 
 
+def test_engine_and_decoder_taking_turns_serve_the_same_audio(tmp_path):
+    """gpu_sharing turns: steps and decoder calls alternate; the codes and audio are the same."""
+    body = {"text": "Turns.", "ignore_eos": True, "max_new_tokens": 12, "format": "pcm", "seed": 3}
+    audio = {}
+    for sharing in ("overlap", "turns"):
+        config = tiny_server_config(tmp_path / sharing, load_format="dummy", gpu_sharing=sharing)
+        with LiveServer(config) as live:
+            assert httpx.get(live.url + "/health").json()["model"]["gpu_sharing"] == sharing
+            audio[sharing] = pcm(tts(live, {**body, "streaming": True}).content)
+    assert len(audio["turns"]) == 11 * FRAME_SAMPLES
+    assert np.array_equal(audio["turns"], audio["overlap"])
+
+
 def test_request_log_says_rtf_na_without_audio(caplog):
     with caplog.at_level(logging.INFO, logger="fishserve.server.service"):
         _record_finish(Synthesis(), Metrics(), 44100)
