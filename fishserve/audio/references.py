@@ -23,10 +23,13 @@ validation limits; never by a client-supplied name.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Literal
 
 import numpy as np
@@ -123,8 +126,12 @@ def encode_reference_audio(
     *,
     max_seconds: float = DEFAULT_MAX_SECONDS,
     silence_peak: float = SILENCE_PEAK,
+    gpu_turn: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
 ) -> torch.Tensor:
     """Validate reference audio and encode it with the Firefly encoder (spec §4.6).
+
+    `gpu_turn` is held around the device work only (not the audio decoding and checks): the
+    server's `GpuTurns` when the engine and the decoder take turns on the GPU.
 
     Returns:
         ``(G, L)`` int64 CPU codes, ``L = ceil(ceil(T / 2) / 2)`` with ``T = N // hop`` mel frames;
@@ -141,10 +148,10 @@ def encode_reference_audio(
         min_samples=cfg.frame_samples,
         silence_peak=silence_peak,
     )
-    wave = torch.from_numpy(audio).to(decoder.device)[None, None]  # (1, 1, N) float32
-    with torch.inference_mode():
+    with gpu_turn(), torch.inference_mode():
+        wave = torch.from_numpy(audio).to(decoder.device)[None, None]  # (1, 1, N) float32
         codes, _ = decoder.encode(wave, torch.tensor([wave.shape[-1]], device=decoder.device))
-    return codes[0].to("cpu", torch.int64)
+        return codes[0].to("cpu", torch.int64)  # waits for the device
 
 
 def decoder_fingerprint(decoder: FireflyGenerator) -> str:
@@ -227,7 +234,8 @@ class ReferenceEncoder:
 
     Two requests with the same bytes share one cache entry whatever name the client gives them;
     concurrent first requests for the same bytes may both encode (the results are identical).
-    Encoding runs on the calling thread.
+    Encoding runs on the calling thread, its device work inside ``gpu_turn()`` (default: no
+    lock; the server sets its `GpuTurns` there when the GPU is shared in turns).
     """
 
     def __init__(
@@ -248,6 +256,7 @@ class ReferenceEncoder:
         # Limits are part of the namespace so that a cache shared with a more permissive
         # encoder cannot hand out codes of audio this encoder would reject.
         self._namespace = hashlib.sha256(f"{base}|{max_seconds!r}|{silence_peak!r}".encode())
+        self.gpu_turn: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
 
     def cache_key(self, audio_bytes: bytes) -> str:
         """``<namespace sha256>:<sha256 of the audio bytes>``."""
@@ -267,6 +276,7 @@ class ReferenceEncoder:
                 audio_bytes,
                 max_seconds=self.max_seconds,
                 silence_peak=self.silence_peak,
+                gpu_turn=self.gpu_turn,
             )
             self.cache.put(key, codes)
         return codes

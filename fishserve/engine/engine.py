@@ -6,7 +6,6 @@ called from one thread (`AsyncEngine` runs it on its own thread for the server).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import uuid
 from collections.abc import Callable
@@ -173,9 +172,10 @@ class LLMEngine:
         )
         self.sequences: dict[str, Sequence] = {}
         self.frames_generated = 0
-        # Held around each step's device work: `GpuTurns.turn("engine")` when the engine takes
-        # turns on the GPU with the audio decoder (server setting gpu_sharing), else nothing.
-        self.gpu_turn: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
+        # Held around each step's device work, which is complete when it is released:
+        # `GpuTurns.turn("engine")` when the engine takes turns on the GPU with the audio
+        # decoder (server setting gpu_sharing); None: no lock, no extra synchronisation.
+        self.gpu_turn: Callable[[], AbstractContextManager[object]] | None = None
 
     # -- setup ---------------------------------------------------------------------------------
     def _plan_memory(self, kv_bytes_per_token: int) -> MemoryPlan:
@@ -329,8 +329,12 @@ class LLMEngine:
         if not batch:
             return []
         try:
-            with self.gpu_turn():
+            if self.gpu_turn is None:
                 results = self.runner.execute(batch)
+            else:
+                with self.gpu_turn():
+                    results = self.runner.execute(batch)
+                    self.runner.synchronize()  # a step sampling nothing did not wait yet
         except Exception as exc:  # a failed step fails its requests, not the engine
             log.exception("step failed for %d sequences", len(batch.items))
             return [self._fail(seq, f"generation failed: {exc}") for seq, _ in batch.items]

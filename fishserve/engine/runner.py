@@ -222,6 +222,11 @@ class ModelRunner:
         with on_stream, self.busy.measure():
             return self._execute(batch)
 
+    def synchronize(self) -> None:
+        """Wait for the queued device work of the steps (no-op on CPU)."""
+        if self.stream is not None:
+            self.stream.synchronize()
+
     @property
     def busy_seconds(self) -> float:
         """Device time of the completed steps (CUDA events; wall time on CPU)."""

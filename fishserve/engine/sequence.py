@@ -39,6 +39,8 @@ class Sequence:
         ignore_eos: keep generating past `<|im_end|>` until the budget (benchmarks).
         segment: index of the segment being generated.
         prompt: int64 (1 + nc, P) prompt of the current segment (CPU).
+        prompt_np: the same prompt as a NumPy array (shares its memory; set by
+            `start_segment`), so per-step bookkeeping makes no PyTorch call.
         frames: frames generated in the current segment, each an int64 NumPy array (1 + nc,).
         budget: frames this segment may generate (prompt + budget <= context).
         num_computed: positions of prompt + frames whose K/V are in the cache.

@@ -26,11 +26,15 @@ __all__ = ["GC_PAUSES", "GcPauseLog", "freeze_after_startup"]
 
 
 def freeze_after_startup() -> int:
-    """Collect once, then freeze every surviving object (`gc.freeze`); returns how many.
+    """Unfreeze, collect once, then freeze every surviving object (`gc.freeze`); returns how
+    many are frozen.
 
     Call when loading is done and before serving: later collections then skip the model's
-    and the compilers' objects.
+    and the compilers' objects. Unfreezing first makes a reload (lazy loading, a model unloaded
+    when idle, a restarted engine process) collect what an earlier load froze and has since
+    died, such as the previous model's cycles, instead of keeping it forever.
     """
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
     frozen = gc.get_freeze_count()

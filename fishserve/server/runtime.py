@@ -358,8 +358,10 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
         ),
     )
     turns = GpuTurns() if config.gpu_sharing == "turns" else None
+    references = ReferenceEncoder(decoder, max_seconds=config.max_reference_seconds)
     if turns is not None:
         engine.gpu_turn = functools.partial(turns.turn, "engine")
+        references.gpu_turn = functools.partial(turns.turn, "decoder")  # the decoder's encoder
     runtime = Runtime(
         engine=AsyncEngine(engine, max_waiting=config.max_waiting),
         decoder=decoder,
@@ -374,7 +376,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
             ),
             gpu_turns=turns,
         ),
-        references=ReferenceEncoder(decoder, max_seconds=config.max_reference_seconds),
+        references=references,
         chunk_policy=policy,
         device=device,
         weight_dtype=weight_dtype,

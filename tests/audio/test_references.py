@@ -190,6 +190,30 @@ def test_limits_are_configurable(tiny_decoder: FireflyGenerator) -> None:
         encode_reference_audio(tiny_decoder, quiet, silence_peak=0.01)
 
 
+def test_encoder_holds_the_gpu_turn_for_its_device_work_only(tiny_decoder) -> None:
+    """With the GPU shared in turns, the encode's device work runs inside `gpu_turn`; bad audio
+    is rejected before the turn is taken (its checks are host work)."""
+    from contextlib import contextmanager
+
+    from fishserve.audio.references import ReferenceEncoder
+
+    turns: list[str] = []
+
+    @contextmanager
+    def gpu_turn():
+        turns.append("enter")
+        yield
+        turns.append("exit")
+
+    encoder = ReferenceEncoder(tiny_decoder)
+    encoder.gpu_turn = gpu_turn
+    with pytest.raises(ReferenceAudioError):
+        encoder.encode(b"not audio")
+    assert turns == []
+    codes = encoder.encode(soundfile_bytes(voice(16000), 16000))
+    assert turns == ["enter", "exit"] and codes.shape[0] == 4
+
+
 # ---------------------------------------------------------------------------- cache
 def codes_of(size: int, value: int = 0) -> torch.Tensor:
     """``(1, size)`` int64 codes: ``8 * size`` bytes."""

@@ -76,3 +76,29 @@ def test_releasing_someone_elses_turn_is_an_error() -> None:
     turns._acquire("engine")
     with pytest.raises(RuntimeError, match="decoder released a turn held by engine"):
         turns._release("decoder")
+
+
+def test_an_engine_step_holds_its_turn_until_its_device_work_is_done(
+    tiny_model, tiny_tokenizer
+) -> None:
+    from contextlib import contextmanager
+
+    from conftest import make_engine
+
+    from fishserve.engine.engine import GenerationRequest
+
+    engine = make_engine(tiny_model, tiny_tokenizer)
+    order: list[str] = []
+
+    @contextmanager
+    def gpu_turn():
+        order.append("enter")
+        yield
+        order.append("exit")
+
+    engine.gpu_turn = gpu_turn
+    engine.runner.synchronize = lambda: order.append("sync")  # type: ignore[method-assign]
+    engine.add_request(GenerationRequest("Hi.", max_new_tokens=2, ignore_eos=True))
+    while engine.has_work():
+        engine.step()
+    assert order and order == ["enter", "sync", "exit"] * (len(order) // 3)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import weakref
 
 import pytest
 
@@ -48,3 +49,18 @@ def test_install_is_idempotent() -> None:
     finally:
         pauses.uninstall()
     assert pauses._callback not in gc.callbacks
+
+
+def test_a_second_freeze_collects_what_the_first_froze_and_has_died(unfrozen) -> None:
+    class Node:
+        pass
+
+    cycle = Node()
+    cycle.self = cycle  # only the cycle collector can free it
+    freeze_after_startup()  # frozen while alive (a model later unloaded)
+    probe = weakref.ref(cycle)
+    del cycle
+    gc.collect()
+    assert probe() is not None  # frozen: ordinary collections skip it
+    freeze_after_startup()  # the next load
+    assert probe() is None
