@@ -92,6 +92,7 @@ def level_row(summary: LevelSummary) -> str:
         _num(peak),
         _num(summary.decoder_frames_per_s, 0),
         f"{_num(summary.llm_busy)} / {_num(summary.decoder_busy)}",
+        f"{_num(summary.steps_per_s, 1)} / {_num(summary.frames_per_step, 1)}",
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -101,9 +102,9 @@ def markdown_table(levels: list[LevelSummary], level_name: str) -> str:
     header = (
         f"| {level_name} | requests | ok | errors | latency s p50/p90/p99 | "
         "TTFA s p50/p90/p99 | req/min | audio s/s | frames/s | RTF p90 | real-time | stalled | "
-        "peak GPU GiB | decoder frames/s | GPU busy LLM / decoder |"
+        "peak GPU GiB | decoder frames/s | GPU busy LLM / decoder | steps/s / frames per step |"
     )
-    rule = "|" + "---|" * 15
+    rule = "|" + "---|" * 16
     return "\n".join([header, rule, *(level_row(s) for s in levels)])
 
 

@@ -152,6 +152,7 @@ class BenchRun:
         server = rates(counters, await read_counters(self.client, opts.url), elapsed)
         summary.decoder_frames_per_s = server.decoder_frames_per_s
         summary.llm_busy, summary.decoder_busy = server.llm_busy, server.decoder_busy
+        summary.steps_per_s, summary.frames_per_step = server.steps_per_s, server.frames_per_step
         return summary, records
 
 

@@ -18,6 +18,8 @@ COUNTERS = {
     "decoder_frames": ("fishserve:decoder_frames_total", {}),
     "llm_busy_s": ("fishserve:gpu_busy_seconds_total", {"component": "llm"}),
     "decoder_busy_s": ("fishserve:gpu_busy_seconds_total", {"component": "decoder"}),
+    "engine_steps": ("fishserve:engine_steps_total", {}),
+    "frames": ("fishserve:generation_frames_total", {}),
 }
 
 
@@ -29,11 +31,16 @@ class ServerRates:
         decoder_frames_per_s: code frames decoded to audio per wall second.
         llm_busy, decoder_busy: fraction of wall time the engine steps / decoder calls kept the
             GPU busy (they overlap on separate CUDA streams, so the sum can exceed 1).
+        steps_per_s: engine steps per wall second (1,000 / steps_per_s is the mean step period
+            in ms while the engine always has work); frames_per_step: frames generated per
+            step, the mean decode batch.
     """
 
     decoder_frames_per_s: float | None = None
     llm_busy: float | None = None
     decoder_busy: float | None = None
+    steps_per_s: float | None = None
+    frames_per_step: float | None = None
 
 
 def parse_counters(text: str) -> dict[str, float]:
@@ -65,4 +72,8 @@ def rates(before: dict[str, float], after: dict[str, float], seconds: float) -> 
             return None
         return (after[name] - before[name]) / seconds
 
-    return ServerRates(rate("decoder_frames"), rate("llm_busy_s"), rate("decoder_busy_s"))
+    steps, frames = rate("engine_steps"), rate("frames")
+    per_step = frames / steps if steps and frames is not None else None
+    return ServerRates(
+        rate("decoder_frames"), rate("llm_busy_s"), rate("decoder_busy_s"), steps, per_step
+    )

@@ -130,6 +130,7 @@ class EngineStats:
     preemptions: int
     frames_generated: int
     busy_seconds: float = 0.0  # device time of the steps (ModelRunner.busy_seconds)
+    steps: int = 0  # steps run (each computes one frame per decoding sequence)
 
 
 class KVPoolTooSmallError(ValueError):
@@ -172,6 +173,7 @@ class LLMEngine:
         )
         self.sequences: dict[str, Sequence] = {}
         self.frames_generated = 0
+        self.steps = 0
         # Held around each step's device work, which is complete when it is released:
         # `GpuTurns.turn("engine")` when the engine takes turns on the GPU with the audio
         # decoder (server setting gpu_sharing); None: no lock, no extra synchronisation.
@@ -320,6 +322,7 @@ class LLMEngine:
             preemptions=self.scheduler.num_preemptions,
             frames_generated=self.frames_generated,
             busy_seconds=self.runner.busy_seconds,
+            steps=self.steps,
         )
 
     # -- the step ------------------------------------------------------------------------------
@@ -328,6 +331,7 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        self.steps += 1
         try:
             if self.gpu_turn is None:
                 results = self.runner.execute(batch)

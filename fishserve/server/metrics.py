@@ -72,6 +72,12 @@ class Metrics:
             "Audio frames generated (21.5 per second of audio).",
             registry=r,
         )
+        self.engine_steps = Counter(
+            "fishserve:engine_steps_total",
+            "Engine steps run; each computes one frame per decoding sequence, so "
+            "generation_frames_total / engine_steps_total is the mean batch.",
+            registry=r,
+        )
         self.audio_seconds = Counter(
             "fishserve:audio_seconds_total", "Seconds of audio produced.", registry=r
         )
@@ -117,6 +123,7 @@ class Metrics:
         self.kv_usage.set(used / stats.blocks_total if stats.blocks_total else 0.0)
         self._advance("preemptions", self.preemptions, stats.preemptions)
         self._advance("frames", self.frames, stats.frames_generated)
+        self._advance("engine_steps", self.engine_steps, stats.steps)
         self._advance("llm_busy", self.gpu_busy.labels(component="llm"), stats.busy_seconds)
 
     def update_decoder(self, busy_seconds: float, calls: int, frames: int) -> None:

@@ -15,10 +15,10 @@ def test_table_shows_errors_real_time_and_peak_memory():
     ]
     table = markdown_table([summarize(8, records, 21.5, peak_gpu_bytes=3 * 2**30)], "concurrency")
     header, rule, row = table.splitlines()
-    assert header.count("|") == rule.count("|") == row.count("|") == 16
+    assert header.count("|") == rule.count("|") == row.count("|") == 17
     assert "| 8 | 3 | 1 | 429: 2 |" in row
-    # no server counters (a peer server): decoder and GPU busy columns are empty
-    assert "no (max 1.50)" in row and row.endswith("| 3.00 | - | - / - |")
+    # no server counters (a peer server): decoder, GPU busy and step columns are empty
+    assert "no (max 1.50)" in row and row.endswith("| 3.00 | - | - / - | - / - |")
 
 
 def level(n: int, ttfa_p99: float, rtf_max: float, stalled: int = 0, errors: int = 0):
@@ -50,3 +50,30 @@ def test_capacity_is_the_largest_level_meeting_every_criterion():
         "rtf_0.5": 64,
     }
     assert serves_realtime(level(8, 0.1, 0.3)) and not serves_realtime(level(8, 0.31, 0.3))
+
+
+def test_server_rates_from_two_metrics_reads():
+    from fishserve.bench.server_counters import parse_counters, rates
+
+    def exposition(frames: float, steps: float, decoded: float, llm: float) -> str:
+        return "\n".join(
+            [
+                "# TYPE fishserve:generation_frames_total counter",
+                f"fishserve:generation_frames_total {frames}",
+                "# TYPE fishserve:engine_steps_total counter",
+                f"fishserve:engine_steps_total {steps}",
+                "# TYPE fishserve:decoder_frames_total counter",
+                f"fishserve:decoder_frames_total {decoded}",
+                "# TYPE fishserve:gpu_busy_seconds_total counter",
+                f'fishserve:gpu_busy_seconds_total{{component="llm"}} {llm}',
+                "",
+            ]
+        )
+
+    before = parse_counters(exposition(100, 10, 50, 1.0))
+    after = parse_counters(exposition(1100, 60, 1050, 3.0))
+    got = rates(before, after, seconds=2.0)
+    assert got.steps_per_s == 25 and got.frames_per_step == 20  # 1,000 frames in 50 steps
+    assert got.decoder_frames_per_s == 500 and got.llm_busy == 1.0
+    assert got.decoder_busy is None  # not exported by this server
+    assert rates({}, after, 2.0).frames_per_step is None  # a server without the counters

@@ -206,6 +206,7 @@ def test_health_and_metrics(server):
     # every emitted frame is decoded once (the engine also counts frames it does not emit)
     decoded = values["fishserve:decoder_frames_total"]
     assert 0 < decoded <= values["fishserve:generation_frames_total"]
+    assert values["fishserve:engine_steps_total"] >= 1
 
 
 def metric_values(text: str) -> dict[str, float]:
@@ -265,7 +266,7 @@ def test_metrics_count_work_across_a_model_reload():
     from fishserve.server.runtime import RuntimeStatus
 
     def runtime(frames: int, calls: int, busy: float) -> SimpleNamespace:
-        stats = EngineStats(0, 0, 8, 8, 0, frames, busy)
+        stats = EngineStats(0, 0, 8, 8, 0, frames, busy, steps=frames // 2)
         status = RuntimeStatus(stats, True, None, False, busy, calls, frames)
         return SimpleNamespace(status=lambda: status)
 
@@ -276,5 +277,6 @@ def test_metrics_count_work_across_a_model_reload():
     values = metric_values(metrics.render().decode())
     assert values["fishserve:decoder_frames_total"] == 250
     assert values["fishserve:generation_frames_total"] == 250
+    assert values["fishserve:engine_steps_total"] == 125
     assert values["fishserve:decoder_calls_total"] == 9
     assert values['fishserve:gpu_busy_seconds_total{component="decoder"}'] == 4.0
