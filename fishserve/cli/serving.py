@@ -125,6 +125,14 @@ def serve(
     first_chunk_frames: Annotated[
         int | None, _setting("first_chunk_frames", "Frames decoded into the first audio chunk.")
     ] = None,
+    first_chunk_deadline: Annotated[
+        float | None,
+        _setting(
+            "first_chunk_deadline",
+            "Seconds after arrival by which the first audio chunk goes out with the frames "
+            "generated so far (at least half of --first-chunk-frames); none = wait for all.",
+        ),
+    ] = None,
     chunk_frames: Annotated[
         int | None, _setting("chunk_frames", "Frames per later audio chunk.")
     ] = None,

@@ -73,6 +73,9 @@ class ServerConfig(BaseModel):
     default_max_new_tokens: int | None = Field(None, ge=2, le=8192)
     # audio
     first_chunk_frames: int = Field(10, ge=1)
+    # Seconds after arrival by which the first chunk goes out with the frames generated so far
+    # (at least half of first_chunk_frames), when the server is too slow to make all of them.
+    first_chunk_deadline: float | None = Field(None, gt=0)
     chunk_frames: int = Field(64, ge=1)
     # Small decoder calls: the decoder's long convolution kernels hold the SMs while each of an
     # engine step's ~1,000 short kernels waits for one. H200, batch 512 engine steps: 33 ms

@@ -67,7 +67,9 @@ async def synthesize(
     Chunks follow the runtime's `ChunkPolicy`, except that when a client that started playing
     at its first chunk is `EARLY_CHUNK_S` from running out of audio, the frames generated so far
     (at least `early_chunk_frames`) are decoded at once as a shorter chunk: when generation is
-    only a little faster than real time, growing chunks would otherwise leave gaps.
+    only a little faster than real time, growing chunks would otherwise leave gaps. With the
+    runtime's `first_chunk_deadline` (seconds after arrival), the first chunk goes out the same
+    way at that time if its frames are not all there yet.
 
     Args:
         timeout: seconds the request may take from now, queued or running.
@@ -81,7 +83,10 @@ async def synthesize(
     deadline = arrival + timeout
     stream = runtime.engine.submit(request, asyncio.get_running_loop())
     decoder = StreamingDecoder(runtime.decoder, runtime.chunk_policy)
-    playback = Playback(runtime.sample_rate, early_chunk_frames(runtime.chunk_policy))
+    first_by = (
+        None if runtime.first_chunk_deadline is None else arrival + runtime.first_chunk_deadline
+    )
+    playback = Playback(runtime.sample_rate, early_chunk_frames(runtime.chunk_policy), first_by)
     first_frame: float | None = None
     frames = 0
     finished = False
@@ -128,10 +133,15 @@ class Playback:
     Args:
         sample_rate: output samples per second (Hz).
         early_frames: the least frames of an early chunk (`early_chunk_frames`).
+        first_chunk_by: monotonic seconds by which the first chunk should go out early if its
+            frames are not all generated yet; None: no such deadline.
     """
 
-    def __init__(self, sample_rate: int, early_frames: int) -> None:
+    def __init__(
+        self, sample_rate: int, early_frames: int, first_chunk_by: float | None = None
+    ) -> None:
         self.sample_rate, self._early = sample_rate, early_frames
+        self.first_chunk_by = first_chunk_by
         self.start: float | None = None  # monotonic seconds of the first chunk
         self.samples = 0
 
@@ -150,9 +160,10 @@ class Playback:
         return None if self.start is None else self.start + self.samples / self.sample_rate
 
     def hurry_at(self) -> float | None:
-        """When pending frames should go out early (`EARLY_CHUNK_S` before `due`)."""
+        """When pending frames should go out early: `EARLY_CHUNK_S` before `due`, or before
+        the first chunk `first_chunk_by`."""
         due = self.due()
-        return None if due is None else due - EARLY_CHUNK_S
+        return self.first_chunk_by if due is None else due - EARLY_CHUNK_S
 
     def early_frames(self) -> int | None:
         """`early_frames` once `hurry_at` has passed, else None."""

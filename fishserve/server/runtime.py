@@ -133,6 +133,7 @@ class Runtime:
     chunk_policy: ChunkPolicy
     device: torch.device
     weight_dtype: torch.dtype
+    first_chunk_deadline: float | None = None  # seconds after arrival (ServerConfig)
     restartable = False  # the engine shares this process: a dead engine thread stays dead
 
     def needs_restart(self) -> bool:
@@ -378,6 +379,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
         ),
         references=references,
         chunk_policy=policy,
+        first_chunk_deadline=config.first_chunk_deadline,
         device=device,
         weight_dtype=weight_dtype,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -74,3 +75,42 @@ def test_no_hurry_time_waits_for_the_wanted_frames():
         return len(await pipeline._next_events(stream, 3, None, now + 30, 30))
 
     assert asyncio.run(scenario()) == 3
+
+
+def test_playback_first_chunk_deadline_hurries_the_first_chunk(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(pipeline.time, "monotonic", lambda: now[0])
+    playback = Playback(sample_rate=1000, early_frames=5, first_chunk_by=100.2)
+    assert playback.hurry_at() == 100.2 and playback.early_frames() is None
+    now[0] = 100.3
+    assert playback.early_frames() == 5  # the first chunk is late: send what is there
+    playback.add(1000)
+    assert playback.hurry_at() == 101.3 - pipeline.EARLY_CHUNK_S  # then the playback clock
+
+
+def test_first_chunk_deadline_sends_a_shorter_first_chunk_of_the_same_audio(tmp_path):
+    from conftest import tiny_server_config
+
+    from fishserve.engine.engine import GenerationRequest
+    from fishserve.engine.sampling import SamplingParams
+    from fishserve.server.runtime import build_local_runtime
+
+    async def chunks(deadline: float | None) -> list[np.ndarray]:
+        config = tiny_server_config(
+            tmp_path, load_format="dummy", first_chunk_deadline=deadline, num_kv_blocks=128
+        )
+        runtime = build_local_runtime(config)
+        try:
+            request = GenerationRequest(
+                "Hurry up.", params=SamplingParams(seed=5), max_new_tokens=30, ignore_eos=True
+            )
+            return [c.samples async for c in pipeline.synthesize(runtime, request, 60.0)]
+        finally:
+            runtime.shutdown()
+
+    frame = 256  # tiny decoder samples per frame
+    patient = asyncio.run(chunks(None))
+    hurried = asyncio.run(chunks(1e-6))  # past due as soon as the request arrives
+    assert len(patient[0]) == 10 * frame  # first_chunk_frames
+    assert 5 * frame <= len(hurried[0]) < 10 * frame  # at least half of it, sooner
+    assert np.allclose(np.concatenate(hurried), np.concatenate(patient), atol=1e-5)
