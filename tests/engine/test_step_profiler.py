@@ -41,7 +41,7 @@ def test_records_the_window_of_a_running_engine(monkeypatch, tmp_path, tiny_mode
         for stream in streams:
             assert list(stream)[-1].finished
     finally:
-        engine.shutdown()
+        engine.shutdown(timeout=120)  # writing the trace takes seconds; more on a busy CPU
     trace, table = engine.profiler.written
     assert trace == out / trace.name and trace.suffix == ".json" and trace.stat().st_size > 0
     text = Path(table).read_text()
@@ -75,7 +75,7 @@ def test_an_open_window_is_written_when_the_engine_stops(
         for stream in [engine.submit(request) for request in sampled_requests(2)]:
             assert list(stream)[-1].finished
     finally:
-        engine.shutdown()
+        engine.shutdown(timeout=120)  # writing the trace takes seconds; more on a busy CPU
     trace, table = engine.profiler.written
     assert trace.is_file() and Path(table).read_text().startswith("engine steps 1..")
 
