@@ -156,7 +156,8 @@ class LLMEngine:
         self.memory = self._plan_memory(layout.bytes_per_token)
         # One extra block: the null block that padded rows of captured decode graphs use.
         layout = replace(layout, num_blocks=self.memory.num_blocks + 1)
-        log.info("%s (KV %s)", self.memory.summary(), kv_dtype)
+        example = min(1000, mc.max_seq_len)  # a long request, within the model's context
+        log.info("%s (KV %s)", self.memory.summary(example), kv_dtype)
         self.cache = PagedKVCache(layout, self.device)
         self.blocks = BlockManager(self.memory.num_blocks, config.block_size, reserved=1)
         self.scheduler = Scheduler(

@@ -101,8 +101,9 @@ class MemoryPlan:
         per_seq = -(-positions // self.block_size)
         return self.num_blocks // per_seq
 
-    def summary(self) -> str:
-        """One log line with every term of the breakdown."""
+    def summary(self, positions: int = 1000) -> str:
+        """One log line with every term of the breakdown, and how many sequences of
+        `positions` positions (prompt + frames; the model's context at most) fit."""
 
         def mib(x: int) -> str:
             return f"{x / MiB:.1f} MiB"
@@ -112,8 +113,8 @@ class MemoryPlan:
             f"{mib(self.activations)}, decoder {mib(self.decoder_workspace)}, reserved "
             f"{mib(self.reserved)}, KV pool {mib(self.kv_pool)} = {self.num_blocks} blocks x "
             f"{self.block_size} positions at {self.kv_bytes_per_token} B/position; "
-            f"{self.sequences_of(1000)} sequence{'s' if self.sequences_of(1000) != 1 else ''} "
-            "of 1,000 positions fit"
+            f"{self.sequences_of(positions)} sequence"
+            f"{'s' if self.sequences_of(positions) != 1 else ''} of {positions:,} positions fit"
         )
 
 

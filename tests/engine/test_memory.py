@@ -49,6 +49,7 @@ def test_plan_adds_up():
     assert plan.num_blocks == (4 * GiB - (1276 + 300 + 512) * MiB) // (12288 * 16)
     assert plan.sequences_of(1000) == plan.num_blocks // 63  # ceil(1000 / 16) blocks each
     assert "KV pool" in plan.summary()
+    assert plan.summary(256).endswith(f"{plan.sequences_of(256)} sequences of 256 positions fit")
 
 
 def test_plan_refuses_a_budget_without_room_for_kv():
