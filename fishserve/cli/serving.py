@@ -160,7 +160,7 @@ def serve(
         _setting(
             "gpu_sharing",
             "How engine steps and decoder calls share the GPU: overlap (at once, on two CUDA "
-            "streams) or turns (queued chunks decoded between steps).",
+            "streams) or turns (one decoder call between steps).",
         ),
     ] = None,
     max_reference_seconds: Annotated[

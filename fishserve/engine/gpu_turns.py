@@ -4,7 +4,7 @@ On an H200 an engine step run beside the audio decoder's calls (each on its own 
 lasts two to three decoder calls, whatever their size, although the step's stream has the
 higher priority: the step is ~1,300 short dependent kernels and each waits for SMs held by the
 decoder's long thread blocks (docs/benchmarks.md §6.5). Taking turns gives up that overlap to
-run both at their full speed: a step, then the decoder's queued work if any, then a step.
+run both at their full speed: a step, then one decoder call if one is waiting, then a step.
 Which is better is a measurement (issue 8 asks for both); `GpuTurns` is the turn-taking half.
 """
 

@@ -86,8 +86,8 @@ class ServerConfig(BaseModel):
     # HiFi-GAN head kernels on the GPU: fused channels-last Triton convolutions or cuDNN.
     decoder_kernels: Literal["auto", "triton", "torch"] = "auto"
     # How engine steps and decoder calls share the GPU: "overlap" (at once, on two CUDA
-    # streams) or "turns" (the queued chunks decoded between steps, never at once);
-    # docs/benchmarks.md §6.5: a step beside decoder calls lasts two to three of them.
+    # streams) or "turns" (one decoder call between steps, never at once); docs/benchmarks.md
+    # §6.5: a step beside decoder calls lasts two to three of them.
     gpu_sharing: Literal["overlap", "turns"] = "overlap"
     max_reference_seconds: float = Field(30.0, gt=0)
     # HTTP

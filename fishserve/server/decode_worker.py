@@ -36,10 +36,8 @@ class DecodeWorker:
     Args:
         runner: the decoder runner (used only on the worker thread).
         gpu_turns: take turns on the GPU with the engine's steps (`GpuTurns`, party
-            "decoder"): the worker waits for the running step, then decodes every queued job
-            (in calls of at most `max_batch`, earliest deadline first) before the next step,
-            so it never falls behind the engine. None: one call at a time whenever jobs are
-            queued, beside the steps.
+            "decoder"): each call waits for the running step and runs before the next one.
+            None: calls run whenever jobs are queued, beside the steps.
     """
 
     def __init__(self, runner: DecoderRunner, gpu_turns: GpuTurns | None = None) -> None:
@@ -98,12 +96,8 @@ class DecodeWorker:
                 continue
             with self._turn():
                 stopping = self._drain() or stopping  # what arrived during the wait competes too
-                while self._heap:
-                    n = min(self.max_batch, len(self._heap))
-                    self._run([heapq.heappop(self._heap) for _ in range(n)])
-                    if self.gpu_turns is None:
-                        break  # beside the steps: one call at a time, the inbox checked between
-                    stopping = self._drain() or stopping  # in turns: clear the queue each turn
+                n = min(self.max_batch, len(self._heap))
+                self._run([heapq.heappop(self._heap) for _ in range(n)])
 
     def _turn(self) -> AbstractContextManager[object]:
         return nullcontext() if self.gpu_turns is None else self.gpu_turns.turn("decoder")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -136,25 +135,5 @@ def test_with_gpu_turns_a_call_waits_for_the_engine_step() -> None:
             assert runner.calls == []
         assert [f.result(5)[0] for f in futures] == [1, 2, 3]
         assert runner.calls == [[1, 2, 3]]  # jobs that queued during the wait share one call
-    finally:
-        worker.shutdown()
-
-
-def test_in_turns_the_decoder_clears_its_queue_before_the_next_step() -> None:
-    from fishserve.engine.gpu_turns import GpuTurns
-
-    runner = GatedRunner(max_batch=2)
-    runner.gate.set()
-    turns = GpuTurns()
-    worker = DecodeWorker(runner, gpu_turns=turns)  # type: ignore[arg-type]
-    worker.start()
-    try:
-        with turns.turn("engine"):
-            futures = [worker.submit(job(tag)) for tag in range(5)]
-            time.sleep(0.1)  # the worker is now waiting for the turn
-        with turns.turn("engine"):  # the next step: after the decoder's whole turn
-            calls_before_step = len(runner.calls)
-        assert calls_before_step == 3  # 5 jobs in calls of 2, all in one turn
-        assert [f.result(5)[0] for f in futures] == [0, 1, 2, 3, 4]
     finally:
         worker.shutdown()
