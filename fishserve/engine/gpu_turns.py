@@ -24,7 +24,8 @@ class GpuTurns:
 
     A party that held the lock last waits while another party is waiting, so two busy parties
     alternate (engine step, decoder call, engine step, ...); a party alone takes it again at
-    once. Each party should use it from one thread.
+    once. A party may use it from several threads (the decoder thread and reference encoding
+    both take the decoder's turns); they hold its turns one at a time.
 
     Attributes:
         waited_seconds: wall seconds each party spent waiting for a turn (for metrics).
@@ -60,7 +61,7 @@ class GpuTurns:
                 self._cv.wait()
             self._waiting[party] -= 1
             self._owner = party
-        self.waited_seconds[party] += time.perf_counter() - start
+            self.waited_seconds[party] += time.perf_counter() - start
 
     def _release(self, party: str) -> None:
         with self._cv:
