@@ -194,3 +194,67 @@ def test_a_mass_within_rounding_of_top_p_goes_to_the_full_sort() -> None:
     p = batch(1, seed=2, top_p=float(probs[:2].sum()))  # the cut lands exactly on top_p
     exact = prefilter_exact(logits, p, 64)
     assert not exact.any()
+
+
+def _sampling_inputs(rows: int, nc: int, vocab: int, seed: int):
+    from fishserve.engine.decode_step import SamplingInputs
+
+    g = torch.Generator().manual_seed(seed)
+    f = torch.ones(rows)
+    return SamplingInputs(
+        temperature=f * 0.8,
+        top_p=f * 0.9,
+        penalty=f * 1.2,
+        seeds=torch.randint(0, 2**32, (rows,), generator=g),
+        segments=torch.zeros(rows, dtype=torch.int64),
+        frames=torch.randint(1, 50, (rows,), generator=g),
+        windows=torch.randint(0, min(vocab, 1000), (rows, 1 + nc, 16), generator=g),
+    )
+
+
+def test_rows_redone_after_the_fact_equal_the_full_computation(tiny_model) -> None:
+    """A captured step runs its fast transformer on the prefilter's token before knowing which
+    rows are exact; `fix_inexact_` must turn the provisional rows into the exact frames."""
+    import numpy as np
+
+    from fishserve.engine.decode_step import PendingFrames, fix_inexact_
+    from fishserve.engine.frame import sample_codebooks, sample_frame
+
+    model, c = tiny_model, tiny_model.config
+    hidden = torch.randn(6, c.dim, generator=torch.Generator().manual_seed(3))
+    host = _sampling_inputs(6, c.num_codebooks, c.vocab_size, seed=4)
+    params, windows = host.to(torch.device("cpu"))
+    with torch.inference_mode():
+        logits = model.slow_logits(hidden)
+        expected = sample_frame(model, hidden, logits, params, windows, top_k_prefilter=0)
+        wrong = torch.full((6,), int(model.semantic_begin_id) + 1)
+        provisional = sample_codebooks(model, hidden, wrong, params, windows)
+    exact = torch.tensor([True, False, True, False, True, True])
+    frames = torch.where(exact[:, None], expected, provisional).numpy().copy()
+    assert not np.array_equal(frames, expected.numpy())  # the test can fail
+    pending = PendingFrames(provisional, exact, hidden, host)
+    with torch.inference_mode():
+        assert fix_inexact_(model, pending, frames, exact.numpy()) == 2
+    assert np.array_equal(frames, expected.numpy())
+    calls = []
+
+    def run_codes(hidden, token, sampling):  # the runner passes its captured second half
+        calls.append(token.shape[0])
+        return sample_codebooks(model, hidden, token, *sampling.to(torch.device("cpu")))
+
+    again = torch.where(exact[:, None], expected, provisional).numpy().copy()
+    with torch.inference_mode():
+        fix_inexact_(model, pending, again, exact.numpy(), run_codes)
+    assert calls == [2] and np.array_equal(again, expected.numpy())
+    assert fix_inexact_(model, pending, frames, np.ones(6, dtype=bool)) == 0
+    with pytest.raises(ValueError, match="hidden"):
+        fix_inexact_(model, PendingFrames(provisional), frames, exact.numpy())
+
+
+def test_pending_frames_carry_their_exactness_in_one_copy() -> None:
+    from fishserve.engine.decode_step import PendingFrames
+
+    frames = torch.arange(12).view(3, 4)
+    flags = PendingFrames(frames, torch.tensor([True, False, True])).with_flags()
+    assert flags.tolist() == [[0, 1, 2, 3, 1], [4, 5, 6, 7, 0], [8, 9, 10, 11, 1]]
+    assert PendingFrames(frames).with_flags()[:, -1].tolist() == [1, 1, 1]

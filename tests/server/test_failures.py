@@ -58,18 +58,18 @@ def successes(server: LiveServer) -> float:
 def patched_steps(server: LiveServer, hook: Callable[[int], None]) -> Iterator[None]:
     """Call `hook(step_number)` on the engine thread before each model step."""
     runner = server.state.runtime.engine.engine.runner
-    original, calls = runner.execute, [0]
+    original, calls = runner.launch, [0]
 
-    def execute(batch):
+    def launch(batch):
         calls[0] += 1
         hook(calls[0])
         return original(batch)
 
-    runner.execute = execute
+    runner.launch = launch
     try:
         yield
     finally:
-        del runner.execute
+        del runner.launch
 
 
 def fail_after(steps: int) -> Callable[[int], None]:
