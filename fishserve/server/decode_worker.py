@@ -7,6 +7,10 @@ jobs with the earliest deadlines (up to `max_batch`) and decodes them in one cal
 decoder calls, first chunks (time to first audio) and streams about to stall go first, and
 decoder calls overlap the engine's steps on the GPU. Decoder memory is bounded by `max_batch`
 chunks of bounded length (`ChunkPolicy.max_decode_frames`).
+
+Shutdown: jobs queued before `shutdown` are still decoded; a job submitted after it fails at
+once, and any job left over when the thread ends (or that never ran because the thread never
+started) fails with `DecoderStoppedError`, so no request waits forever for its audio.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ log = logging.getLogger(__name__)
 _Item = tuple[float, int, DecodeJob, "Future[np.ndarray]"]
 
 
+class DecoderStoppedError(RuntimeError):
+    """The decoder thread is stopped: the job was not (and will not be) decoded."""
+
+
 class DecodeWorker:
     """A daemon thread that decodes submitted jobs in batches, earliest deadline first.
 
@@ -49,6 +57,9 @@ class DecodeWorker:
         self._order = itertools.count()
         self._thread = threading.Thread(target=self._loop, name="fishserve-decoder", daemon=True)
         self._stopped = False
+        # Held across `submit`'s check-and-queue and `shutdown`'s stop-and-sentinel, so that
+        # every accepted job is queued ahead of the stop sentinel.
+        self._submit_lock = threading.Lock()
 
     @property
     def calls(self) -> int:
@@ -61,15 +72,20 @@ class DecodeWorker:
         return self.runner.frames_decoded
 
     def start(self) -> None:
-        """Start the worker thread."""
-        self._thread.start()
+        """Start the worker thread (nothing to start after `shutdown`)."""
+        if not self._stopped:
+            self._thread.start()
 
     def shutdown(self) -> None:
-        """Stop after the queued jobs; later submissions fail at once."""
-        self._stopped = True
-        self._inbox.put(None)
+        """Stop after the queued jobs (waits up to 10 s for them); later submissions fail at
+        once. Never started: the queued jobs fail with `DecoderStoppedError`."""
+        with self._submit_lock:
+            self._stopped = True
+            self._inbox.put(None)
         if self._thread.is_alive():
             self._thread.join(10)
+        elif self._thread.ident is None:  # never started: nobody else will take the queue
+            self._fail_leftovers()
 
     def submit(self, job: DecodeJob, deadline: float | None = None) -> Future[np.ndarray]:
         """Queue a job; the future gives its float32 samples (new_frames * frame_samples,).
@@ -79,14 +95,40 @@ class DecodeWorker:
                 playback would run dry); ``None`` means now. Earlier deadlines decode first.
         """
         future: Future[np.ndarray] = Future()
-        if self._stopped:
-            future.set_exception(RuntimeError("the decoder thread is stopped"))
-            return future
         when = time.monotonic() if deadline is None else deadline
-        self._inbox.put((when, next(self._order), job, future))
+        with self._submit_lock:
+            if not self._stopped:
+                self._inbox.put((when, next(self._order), job, future))
+                return future
+        future.set_exception(DecoderStoppedError("the decoder thread is stopped"))
         return future
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self._fail_leftovers()
+
+    def _fail_leftovers(self) -> None:
+        """Fail every job still in the heap or the inbox (the thread has ended, or never
+        started); later submissions fail in `submit`."""
+        with self._submit_lock:
+            self._stopped = True  # also when the loop ended by an error, not by `shutdown`
+        leftovers, self._heap = self._heap, []
+        while not self._inbox.empty():
+            item = self._inbox.get_nowait()
+            if item is not None:
+                leftovers.append(item)
+        for _, _, _, future in leftovers:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(
+                    DecoderStoppedError("the decoder thread stopped before decoding this chunk")
+                )
+        if leftovers:
+            log.warning("decoder thread stopped with %d chunks undecoded", len(leftovers))
+
+    def _serve(self) -> None:
+        """Decode queued jobs in batches until the stop sentinel and an empty heap."""
         stopping = False
         while not (stopping and not self._heap):
             if not self._heap and not stopping:

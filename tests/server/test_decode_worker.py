@@ -1,8 +1,12 @@
-"""Tests for fishserve.server.decode_worker: batching, earliest-deadline-first order, failures."""
+"""Tests for fishserve.server.decode_worker: batching, earliest-deadline-first order, failures,
+shutdown."""
 
 from __future__ import annotations
 
+import queue
 import threading
+from concurrent.futures import Future
+from contextlib import AbstractContextManager
 
 import numpy as np
 import pytest
@@ -137,3 +141,88 @@ def test_with_gpu_turns_a_call_waits_for_the_engine_step() -> None:
         assert runner.calls == [[1, 2, 3]]  # jobs that queued during the wait share one call
     finally:
         worker.shutdown()
+
+
+class PausingInbox:
+    """Wraps the worker's inbox: a job's `put` waits for `go` (the moment between `submit`'s
+    stop check and its queueing, where a concurrent `shutdown` used to slip in)."""
+
+    def __init__(self, inbox: queue.SimpleQueue) -> None:
+        self.inbox = inbox
+        self.paused, self.go = threading.Event(), threading.Event()
+
+    def put(self, item: object) -> None:
+        if item is not None:
+            self.paused.set()
+            assert self.go.wait(10)
+        self.inbox.put(item)
+
+    def get(self) -> object:
+        return self.inbox.get()
+
+    def get_nowait(self) -> object:
+        return self.inbox.get_nowait()
+
+    def empty(self) -> bool:
+        return self.inbox.empty()
+
+
+def test_a_job_submitted_as_the_worker_shuts_down_is_decoded_or_failed_not_lost() -> None:
+    runner = GatedRunner(max_batch=2)
+    runner.gate.set()
+    worker = DecodeWorker(runner)  # type: ignore[arg-type]
+    worker.start()
+    inbox = PausingInbox(worker._inbox)
+    worker._inbox = inbox  # type: ignore[assignment]
+    futures: list[Future[np.ndarray]] = []
+    submitter = threading.Thread(target=lambda: futures.append(worker.submit(job(1))))
+    submitter.start()
+    assert inbox.paused.wait(5)  # submit has checked that the worker runs
+    stopper = threading.Thread(target=worker.shutdown)
+    stopper.start()
+    stopper.join(0.3)  # unguarded, the loop stops here, before the job is queued
+    inbox.go.set()
+    submitter.join(5)
+    stopper.join(15)
+    try:
+        samples = futures[0].result(5)  # a lost job never completes: TimeoutError
+    except RuntimeError as exc:
+        assert "stopped" in str(exc)
+    else:
+        assert samples[0] == 1
+
+
+def test_jobs_of_a_worker_that_never_started_fail_at_shutdown() -> None:
+    from fishserve.server.decode_worker import DecoderStoppedError
+
+    worker = DecodeWorker(GatedRunner(max_batch=2))  # type: ignore[arg-type]
+    queued = worker.submit(job(1))
+    worker.shutdown()
+    assert isinstance(queued.exception(5), DecoderStoppedError)
+    worker.start()  # too late: nothing starts, later jobs fail at once
+    assert isinstance(worker.submit(job(2)).exception(0), DecoderStoppedError)
+
+
+class Fatal(BaseException):
+    """Ends the decoder thread (what no `except Exception` catches)."""
+
+
+class BrokenTurns:
+    """A stand-in GpuTurns whose decoder turn ends the worker thread."""
+
+    def turn(self, party: str) -> AbstractContextManager[object]:
+        raise Fatal(party)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_jobs_left_when_the_thread_ends_fail_and_later_ones_fail_at_once() -> None:
+    from fishserve.server.decode_worker import DecoderStoppedError
+
+    runner = GatedRunner(max_batch=2)
+    worker = DecodeWorker(runner, gpu_turns=BrokenTurns())  # type: ignore[arg-type]
+    worker.start()
+    left = worker.submit(job(1))  # taken from the inbox, then the thread dies before decoding
+    assert isinstance(left.exception(5), DecoderStoppedError)
+    assert isinstance(worker.submit(job(2)).exception(0), DecoderStoppedError)
+    worker.shutdown()
+    assert runner.calls == []
