@@ -162,17 +162,23 @@ class RemoteRuntime:
         return self._status.memory_critical
 
     async def synthesize(
-        self, request: GenerationRequest, timeout: float
+        self, request: GenerationRequest, timeout: float, arrival: float | None = None
     ) -> AsyncIterator[AudioChunk]:
         """The request's audio chunks, generated and decoded in the core.
+
+        Args:
+            timeout: seconds the request may take from `arrival`.
+            arrival: ``time.monotonic()`` seconds of the request's HTTP arrival (None: now);
+                sent to the core as is, since the monotonic clock is system-wide on Linux.
 
         Raises: as `pipeline.synthesize`; EngineDeadError if the core process dies.
         """
         rid, mailbox = self._open()
         done = False
-        deadline = time.monotonic() + timeout + TIMEOUT_GRACE_S
+        arrival = time.monotonic() if arrival is None else arrival
+        deadline = arrival + timeout + TIMEOUT_GRACE_S
         try:
-            self._inbox.put(("generate", rid, request, timeout))
+            self._inbox.put(("generate", rid, request, timeout, arrival))
             while True:
                 message = await within(mailbox.get(), deadline, timeout)
                 if message[0] == "chunk":

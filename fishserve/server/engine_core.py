@@ -12,8 +12,10 @@ thread (`Sender`) so that no caller blocks; a pipe's end of file tells either si
 other process is gone:
 
 HTTP -> core:
-    ``("generate", rid, GenerationRequest, timeout_s)``, ``("encode", rid, audio_bytes)``,
-    ``("cancel", rid)``, ``("shutdown",)``
+    ``("generate", rid, GenerationRequest, timeout_s, arrival)``, ``("encode", rid,
+    audio_bytes)``, ``("cancel", rid)``, ``("shutdown",)``; ``arrival`` is the request's HTTP
+    arrival in ``time.monotonic()`` seconds, which is system-wide on Linux, so the core
+    measures the request's timeout and first-chunk deadline from the same instant
 core -> HTTP:
     ``("ready", RuntimeInfo)`` or ``("failed", exception)`` once, after loading;
     ``("chunk", rid, AudioChunk)``, ``("done", rid)``, ``("encoded", rid, codes)``,
@@ -189,9 +191,10 @@ class CoreServer:
         self.tasks[rid] = task
         task.add_done_callback(lambda _: self.tasks.pop(rid, None))
 
-    async def _generate(self, rid: int, request: Any, timeout: float) -> None:
+    async def _generate(self, rid: int, request: Any, timeout: float, arrival: float) -> None:
+        """Stream the request's chunks back (`timeout` s from `arrival`, monotonic s)."""
         try:
-            async for chunk in self.runtime.synthesize(request, timeout):
+            async for chunk in self.runtime.synthesize(request, timeout, arrival):
                 self.outbox.put(("chunk", rid, chunk))
         except asyncio.CancelledError:
             return  # the HTTP side stopped listening

@@ -60,7 +60,7 @@ class AudioChunk:
 
 
 async def synthesize(
-    runtime: Runtime, request: GenerationRequest, timeout: float
+    runtime: Runtime, request: GenerationRequest, timeout: float, arrival: float | None = None
 ) -> AsyncIterator[AudioChunk]:
     """Generate and decode `request`, yielding its audio chunks in order.
 
@@ -72,14 +72,18 @@ async def synthesize(
     way at that time if its frames are not all there yet.
 
     Args:
-        timeout: seconds the request may take from now, queued or running.
+        timeout: seconds the request may take from `arrival`, queued or running.
+        arrival: ``time.monotonic()`` seconds when the request arrived (at the HTTP server;
+            the clock is system-wide on Linux, so this holds across processes of one
+            machine); None: now. The timeout, `first_chunk_deadline` and the first chunk's
+            `queue_seconds` count from it.
 
     Raises (from `submit`, before anything is yielded): EngineBusyError, EngineDeadError,
     ValueError subclasses for invalid requests. While streaming: SynthesisError,
     SynthesisTimeoutError (also while the request is still queued), ContextFullError (no
     audio at all, or a later segment does not fit the context).
     """
-    arrival = time.monotonic()
+    arrival = time.monotonic() if arrival is None else arrival
     deadline = arrival + timeout
     stream = runtime.engine.submit(request, asyncio.get_running_loop())
     decoder = StreamingDecoder(runtime.decoder, runtime.chunk_policy)

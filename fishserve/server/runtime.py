@@ -113,7 +113,7 @@ class ServingRuntime(Protocol):
     def memory_critical(self) -> bool: ...
 
     def synthesize(
-        self, request: GenerationRequest, timeout: float
+        self, request: GenerationRequest, timeout: float, arrival: float | None = None
     ) -> AsyncIterator[AudioChunk]: ...
 
     async def encode_reference(self, audio: bytes) -> torch.Tensor: ...
@@ -165,9 +165,12 @@ class Runtime:
         """Positions of the model's context (prompt + generated frames of one segment)."""
         return self.engine.engine.model.config.max_seq_len
 
-    def synthesize(self, request: GenerationRequest, timeout: float) -> AsyncIterator[AudioChunk]:
-        """The request's audio chunks (`pipeline.synthesize`)."""
-        return synthesize(self, request, timeout)
+    def synthesize(
+        self, request: GenerationRequest, timeout: float, arrival: float | None = None
+    ) -> AsyncIterator[AudioChunk]:
+        """The request's audio chunks (`pipeline.synthesize`; `timeout` in seconds from
+        `arrival`, the ``time.monotonic()`` seconds of its HTTP arrival, None: now)."""
+        return synthesize(self, request, timeout, arrival)
 
     async def encode_reference(self, audio: bytes) -> torch.Tensor:
         """``(G, L)`` int64 CPU codes of reference audio, encoded off the event loop.

@@ -91,13 +91,16 @@ async def stream_audio(
 ) -> AsyncIterator[np.ndarray]:
     """Generate and decode `request`, yielding float32 mono chunks at the decoder's rate.
 
+    The request's `timeout` (seconds), its first-chunk deadline and its queue time count from
+    its arrival here (`Synthesis.arrival`), also in the engine-core process.
+
     Raises: as `pipeline.synthesize` (EngineBusyError, EngineDeadError and ValueError
     subclasses before anything is yielded; SynthesisError and its subclasses while streaming).
     """
     timing = Synthesis()
     outcome = "cancelled"
     try:
-        async with aclosing(runtime.synthesize(request, timeout)) as chunks:
+        async with aclosing(runtime.synthesize(request, timeout, timing.arrival)) as chunks:
             async for chunk in chunks:
                 _record_audio(timing, metrics, chunk)
                 yield chunk.samples

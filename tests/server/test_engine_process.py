@@ -234,3 +234,28 @@ def test_a_replacement_that_fails_to_load_is_tried_again(tmp_path, monkeypatch):
 
     asyncio.run(run())
     assert len(builds) == 2 and isinstance(state.runtime, Healthy)
+
+
+def test_the_core_counts_a_request_s_time_from_its_http_arrival(tmp_path):
+    """The HTTP process's `time.monotonic()` arrival reaches the core, which measures queue
+    time and the timeout from it (one system-wide clock)."""
+    import asyncio
+
+    from fishserve.engine.engine import GenerationRequest
+    from fishserve.server.pipeline import SynthesisTimeoutError
+
+    runtime = start_remote_runtime(tiny_server_config(tmp_path, engine_process="on", threads=1))
+
+    async def queue_seconds(timeout: float, arrival: float) -> float | None:
+        request = GenerationRequest("Late.", max_new_tokens=12, ignore_eos=True)
+        async for chunk in runtime.synthesize(request, timeout, arrival):
+            return chunk.queue_seconds
+        raise AssertionError("no audio")
+
+    try:
+        queued = asyncio.run(queue_seconds(60.0, time.monotonic() - 2.0))
+        assert queued is not None and queued >= 2.0  # the 2 s before the call count
+        with pytest.raises(SynthesisTimeoutError):
+            asyncio.run(queue_seconds(5.0, time.monotonic() - 10.0))
+    finally:
+        runtime.shutdown()

@@ -296,7 +296,7 @@ def test_a_failure_after_audio_is_counted_once(tmp_path):
 
     with LiveServer(tiny_server_config(tmp_path)) as live:
 
-        async def dies_after_audio(request, timeout):
+        async def dies_after_audio(request, timeout, arrival=None):
             yield AudioChunk(np.zeros(256, dtype=np.float32), 0.0)
             raise EngineDeadError("the engine process is not running")
 

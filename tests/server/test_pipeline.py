@@ -114,3 +114,35 @@ def test_first_chunk_deadline_sends_a_shorter_first_chunk_of_the_same_audio(tmp_
     assert len(patient[0]) == 10 * frame  # first_chunk_frames
     assert 5 * frame <= len(hurried[0]) < 10 * frame  # at least half of it, sooner
     assert np.allclose(np.concatenate(hurried), np.concatenate(patient), atol=1e-5)
+
+
+def test_deadlines_and_queue_time_count_from_the_given_arrival(tmp_path):
+    """The HTTP arrival (`arrival`), not the pipeline's start, starts the request's clocks."""
+    from conftest import tiny_server_config
+
+    from fishserve.engine.engine import GenerationRequest
+    from fishserve.engine.sampling import SamplingParams
+    from fishserve.server.runtime import build_local_runtime
+
+    config = tiny_server_config(
+        tmp_path, load_format="dummy", first_chunk_deadline=0.5, num_kv_blocks=128
+    )
+    runtime = build_local_runtime(config)
+
+    def request() -> GenerationRequest:
+        params = SamplingParams(seed=5)
+        return GenerationRequest("Hurry up.", params=params, max_new_tokens=30, ignore_eos=True)
+
+    async def first_chunk(timeout: float, arrival: float) -> pipeline.AudioChunk:
+        async for chunk in pipeline.synthesize(runtime, request(), timeout, arrival):
+            return chunk
+        raise AssertionError("no audio")
+
+    try:
+        late = asyncio.run(first_chunk(60.0, time.monotonic() - 1.0))  # 1 s queued upstream
+        assert 5 * 256 <= len(late.samples) < 10 * 256  # past the 0.5 s deadline: hurried
+        assert late.queue_seconds is not None and late.queue_seconds >= 1.0
+        with pytest.raises(SynthesisTimeoutError):
+            asyncio.run(first_chunk(5.0, time.monotonic() - 10.0))  # timed out on arrival
+    finally:
+        runtime.shutdown()

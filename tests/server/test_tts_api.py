@@ -280,3 +280,30 @@ def test_metrics_count_work_across_a_model_reload():
     assert values["fishserve:engine_steps_total"] == 125
     assert values["fishserve:decoder_calls_total"] == 9
     assert values['fishserve:gpu_busy_seconds_total{component="decoder"}'] == 4.0
+
+
+def test_the_pipeline_gets_the_request_s_arrival():
+    """`stream_audio` hands its arrival time to the runtime (the request's deadlines count
+    from it, also in the engine-core process)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from fishserve.engine.engine import GenerationRequest
+    from fishserve.server.pipeline import AudioChunk
+    from fishserve.server.service import stream_audio
+
+    seen: list[float | None] = []
+
+    async def synthesize(request, timeout: float, arrival: float | None = None):
+        seen.append(arrival)
+        yield AudioChunk(np.zeros(256, np.float32), 0.0)
+
+    runtime = SimpleNamespace(synthesize=synthesize, sample_rate=44100)
+
+    async def run() -> None:
+        async for _ in stream_audio(runtime, GenerationRequest("Hi."), Metrics(), 60.0):
+            pass
+
+    before = time.monotonic()
+    asyncio.run(run())
+    assert len(seen) == 1 and seen[0] is not None and before <= seen[0] <= time.monotonic()
