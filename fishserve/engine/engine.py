@@ -107,7 +107,10 @@ class EngineEvent:
     Attributes:
         codes: int64 (nc,) codes of one audio frame, or None for a final event.
         finished: True on the request's last event.
-        finish_reason: "stop" (all segments done), "cancelled" or "error".
+        finish_reason: on the final event: "stop" (every segment ended with the model's end
+            token), "length" (all segments done, at least one cut at its frame budget:
+            `max_new_tokens`, the context or the KV pool; always so with `ignore_eos`),
+            "cancelled" or "error".
         error: message when finish_reason is "error".
     """
 
@@ -393,6 +396,7 @@ class LLMEngine:
             events.append(EngineEvent(seq.request_id, codes=codes, segment=seq.segment))
         stop = index >= 1 and row[0] == self.tokenizer.im_end_id and not seq.ignore_eos
         if stop or index + 1 >= seq.budget:
+            seq.cut_at_budget = seq.cut_at_budget or not stop
             end = self._end_segment(seq)
             if end is not None:
                 events.append(end)
@@ -403,8 +407,9 @@ class LLMEngine:
         if seq.segment + 1 >= len(seq.plan.segments):
             self.sequences.pop(seq.request_id, None)
             self.scheduler.remove(seq)
+            reason = "length" if seq.cut_at_budget else "stop"
             return EngineEvent(
-                seq.request_id, segment=seq.segment, finished=True, finish_reason="stop"
+                seq.request_id, segment=seq.segment, finished=True, finish_reason=reason
             )
         seq.segment += 1
         try:

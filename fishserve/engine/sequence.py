@@ -43,6 +43,8 @@ class Sequence:
             `start_segment`), so per-step bookkeeping makes no PyTorch call.
         frames: frames generated in the current segment, each an int64 NumPy array (1 + nc,).
         budget: frames this segment may generate (prompt + budget <= context).
+        cut_at_budget: some segment ended at its budget rather than with the end token (the
+            request finishes with reason "length").
         num_computed: positions of prompt + frames whose K/V are in the cache.
         block_table: KV blocks owned, in position order.
         window: int64 NumPy (1 + nc, 16) ring of the last 16 decode-loop frames (zeros at
@@ -64,6 +66,7 @@ class Sequence:
     prompt: Tensor = field(default_factory=lambda: torch.empty(0))
     frames: list[np.ndarray] = field(default_factory=list)
     budget: int = 0
+    cut_at_budget: bool = False
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
     window: np.ndarray = field(default_factory=lambda: np.zeros((0, REPETITION_WINDOW), np.int64))

@@ -79,7 +79,7 @@ def generate(engine: LLMEngine, prompt: Prompt, seed: int, params: SamplingParam
         for event in engine.step():
             if event.codes is not None:
                 frames.append(event.codes)
-            if event.finished and event.finish_reason != "stop":
+            if event.finished and event.finish_reason not in ("stop", "length"):
                 raise RuntimeError(f"generation failed: {event.error or event.finish_reason}")
     synchronize(engine.device)
     seconds = time.perf_counter() - start

@@ -103,7 +103,8 @@ class Metrics:
         self._seen: dict[str, float] = {}
         self.success = Counter(
             "fishserve:request_success_total",
-            "Finished requests by finish reason.",
+            "Requests that delivered all their audio, by finish reason: stop (the model ended "
+            "every segment), length (a segment reached its frame budget).",
             ["finished_reason"],
             registry=r,
         )

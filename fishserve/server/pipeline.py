@@ -53,10 +53,15 @@ class AudioChunk:
         samples: ``(n,)`` float32 mono samples at the decoder's rate (44,100 Hz for the release).
         queue_seconds: on a stream's first chunk, seconds from the request's arrival to its
             first generated frame (queueing plus prefill); None on later chunks.
+        finish_reason: on a stream's last chunk, why generation ended: "stop" (the model ended
+            every segment) or "length" (a segment reached its frame budget); None on earlier
+            chunks. When all audio is out before the engine reports the end, the last chunk
+            has no samples.
     """
 
     samples: np.ndarray
     queue_seconds: float | None = None
+    finish_reason: str | None = None
 
 
 async def synthesize(
@@ -69,7 +74,8 @@ async def synthesize(
     (at least `early_chunk_frames`) are decoded at once as a shorter chunk: when generation is
     only a little faster than real time, growing chunks would otherwise leave gaps. With the
     runtime's `first_chunk_deadline` (seconds after arrival), the first chunk goes out the same
-    way at that time if its frames are not all there yet.
+    way at that time if its frames are not all there yet. The last chunk carries the engine's
+    finish reason (`AudioChunk.finish_reason`).
 
     Args:
         timeout: seconds the request may take from `arrival`, queued or running.
@@ -94,6 +100,7 @@ async def synthesize(
     first_frame: float | None = None
     frames = 0
     finished = False
+    reason: str | None = None  # the engine's finish reason, once finished
     try:
         while not finished:
             # Woken once per audio chunk, not per frame; the first frame alone (queue time).
@@ -109,12 +116,15 @@ async def synthesize(
             if finished:
                 _check_finish(batch[-1], frames, runtime.max_seq_len)
                 decoder.close()
+                reason = batch[-1].finish_reason
+                if decoder.finished:  # no audio left to carry the reason
+                    yield AudioChunk(np.zeros(0, np.float32), finish_reason=reason)
             while (job := decoder.next_job(playback.early_frames())) is not None:
                 decoded = runtime.decode_worker.submit(job, playback.due())
                 audio = await within(asyncio.wrap_future(decoded), deadline, timeout)
                 queued = None if playback.started else (first_frame or arrival) - arrival
                 playback.add(len(audio))
-                yield AudioChunk(audio, queued)
+                yield AudioChunk(audio, queued, reason if decoder.finished else None)
     finally:
         if not finished:
             runtime.engine.cancel(request.request_id)

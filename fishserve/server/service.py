@@ -4,8 +4,10 @@ The audio itself comes from `runtime.synthesize` (`pipeline.synthesize`, in this
 the engine-core process). Leaving the iteration early (client gone, timeout, error) cancels
 the request there, which frees its KV blocks before the engine's next step.
 
-Metrics: a request that ends with all its audio counts as `request_success_total
-{finished_reason="stop"}` (and logs "request done"); any other end counts as
+Metrics: a request that ends with all its audio counts as `request_success_total` (and logs
+"request done") with `finished_reason` "stop" (the model ended every segment with its end
+token) or "length" (a segment reached its frame budget: `max_new_tokens`, the model's context,
+or `ignore_eos`); any other end counts as
 `request_failure_total` with reason "error", "timeout", "invalid" (the text does not fit the
 model's context) or "cancelled" (the caller stopped iterating: client gone).
 """
@@ -59,11 +61,13 @@ class InlineReference:
 
 @dataclass
 class Synthesis:
-    """Timing of one request, for metrics and logs (monotonic seconds)."""
+    """Timing of one request, for metrics and logs (monotonic seconds), and why its generation
+    ended ("stop" or "length", from its last chunk; None before)."""
 
     arrival: float = field(default_factory=time.monotonic)
     first_audio: float | None = None
     audio_samples: int = 0
+    finish_reason: str | None = None
 
 
 async def resolve_references(
@@ -102,8 +106,10 @@ async def stream_audio(
     try:
         async with aclosing(runtime.synthesize(request, timeout, timing.arrival)) as chunks:
             async for chunk in chunks:
-                _record_audio(timing, metrics, chunk)
-                yield chunk.samples
+                timing.finish_reason = chunk.finish_reason or timing.finish_reason
+                if len(chunk.samples):  # a stream's last chunk may only carry its reason
+                    _record_audio(timing, metrics, chunk)
+                    yield chunk.samples
         outcome = "stop"
     except Exception as exc:
         refused = timing.first_audio is None and isinstance(exc, REFUSALS)
@@ -142,6 +148,6 @@ def _record_finish(timing: Synthesis, metrics: Metrics, sample_rate: int) -> Non
     metrics.audio_seconds.inc(seconds)
     if seconds > 0:
         metrics.rtf.observe(elapsed / seconds)
-    metrics.success.labels(finished_reason="stop").inc()
+    metrics.success.labels(finished_reason=timing.finish_reason or "stop").inc()
     rtf = f"{elapsed / seconds:.2f}" if seconds > 0 else "n/a"
     log.info("request done: %.2f s audio in %.2f s (RTF %s)", seconds, elapsed, rtf)

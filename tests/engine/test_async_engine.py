@@ -44,8 +44,8 @@ def test_threads_get_the_same_codes_as_the_sync_engine(async_engine, tiny_model,
         t.start()
     for t in threads:
         t.join(60)
-    for rid, (codes, _) in expected.items():
-        assert results[rid][1] == "stop"
+    for rid, (codes, final) in expected.items():
+        assert results[rid][1] == final.finish_reason
         assert torch.equal(results[rid][0], codes)
 
 

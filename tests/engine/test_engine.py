@@ -18,6 +18,9 @@ META = json.loads((TINY_T2S / "meta.json").read_text())
 # int8 KV agrees with fp32 KV on at least this many leading emitted frames of every fixture case
 # (measured: 23/23, 23/23, 13/31); tiny random weights leave near-ties that quantization flips.
 INT8_AGREEING_FRAMES = 13
+# How the reference generation of each fixture case ends: nopen and reppen at their 24-frame
+# budget, eos and both segments of long with the end token.
+FINISH_REASONS = {"nopen": "length", "reppen": "length", "eos": "stop", "long": "stop"}
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +70,22 @@ def test_engine_batched_equals_reference_on_every_fixture_case(tiny_model, tiny_
     out = run_engine(make_engine(tiny_model, tiny_tokenizer), [r for r, _ in cases.values()])
     for name, (_, expected) in cases.items():
         codes, final = out[name]
-        assert final.finish_reason == "stop"
+        assert final.finish_reason == FINISH_REASONS[name], name
         assert torch.equal(codes, expected), name
+
+
+def test_finish_reason_tells_the_end_token_from_the_budget(tiny_model, tiny_tokenizer, cases):
+    from dataclasses import replace
+
+    request = cases["eos"][0]  # ends with the end token after 31 audio frames of 40
+    variants = [
+        replace(request, request_id="cut", max_new_tokens=10),
+        replace(request, request_id="no-eos", ignore_eos=True),
+    ]
+    out = run_engine(make_engine(tiny_model, tiny_tokenizer), [request, *variants])
+    assert out["eos"][1].finish_reason == "stop" and out["eos"][0].shape[1] == 31
+    assert out["cut"][1].finish_reason == "length" and out["cut"][0].shape[1] == 9
+    assert out["no-eos"][1].finish_reason == "length" and out["no-eos"][0].shape[1] == 39
 
 
 def test_chunked_prefill_gives_the_same_codes(tiny_model, tiny_tokenizer, cases):
@@ -116,7 +133,8 @@ def test_preemption_and_resume_give_the_same_codes(tiny_model, tiny_tokenizer):
     tight = run_engine(engine, sampled_requests())
     assert engine.scheduler.num_preemptions > 0
     for rid, (codes, final) in full.items():
-        assert final.finish_reason == "stop"
+        assert final.finish_reason in ("stop", "length")
+        assert tight[rid][1].finish_reason == final.finish_reason, rid
         assert torch.equal(tight[rid][0], codes), rid
     assert engine.blocks.num_free == engine.blocks.num_blocks
 
@@ -178,7 +196,7 @@ def test_int8_kv_agrees_on_leading_frames(tiny_model, tiny_tokenizer, cases):
 def test_every_kv_dtype_runs_to_completion(tiny_model, tiny_tokenizer, kv):
     engine = make_engine(tiny_model, tiny_tokenizer, kv_cache_dtype=kv)
     out = run_engine(engine, sampled_requests(3))
-    assert all(final.finish_reason == "stop" for _, final in out.values())
+    assert all(final.finish_reason in ("stop", "length") for _, final in out.values())
     assert engine.blocks.num_free == engine.blocks.num_blocks
 
 

@@ -259,3 +259,16 @@ def test_the_core_counts_a_request_s_time_from_its_http_arrival(tmp_path):
             asyncio.run(queue_seconds(5.0, time.monotonic() - 10.0))
     finally:
         runtime.shutdown()
+
+
+def test_the_core_s_finish_reason_labels_the_success(remote):
+    """A request cut at its frame budget (ignore_eos) counts as a "length" success."""
+
+    def successes(reason: str) -> float:
+        sample = f'fishserve:request_success_total{{finished_reason="{reason}"}} '
+        lines = httpx.get(remote.url + "/metrics").text.splitlines()
+        return sum(float(line.split()[-1]) for line in lines if line.startswith(sample))
+
+    before = successes("length"), successes("stop")
+    assert post(remote, "/v1/tts", json={"text": "Counted.", **FIXED}).status_code == 200
+    assert (successes("length"), successes("stop")) == (before[0] + 1, before[1])

@@ -30,6 +30,7 @@ TWO_SEGMENTS = {
     "max_new_tokens": 30,
 }
 LONG = {"text": "Take your time.", "max_new_tokens": 200, "ignore_eos": True, "format": "pcm"}
+REASONS = ("stop", "length")  # the finish reasons of successful requests
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,9 @@ def failures(server: LiveServer, reason: str) -> float:
 
 
 def successes(server: LiveServer) -> float:
-    return metric(server, 'fishserve:request_success_total{finished_reason="stop"}')
+    """Requests counted as successes, whatever their finish reason."""
+    samples = [f'fishserve:request_success_total{{finished_reason="{r}"}}' for r in REASONS]
+    return sum(metric(server, sample) for sample in samples)
 
 
 @contextlib.contextmanager

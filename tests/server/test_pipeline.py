@@ -1,9 +1,11 @@
-"""The per-request pipeline's playback clock and its early wake-up (pipeline.py)."""
+"""The per-request pipeline (pipeline.py): its playback clock and early wake-up, its deadlines,
+and the finish reason on its last chunk."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import torch
 
 from fishserve.audio.streaming import ChunkPolicy
 from fishserve.engine.async_engine import RequestStream
-from fishserve.engine.engine import EngineEvent
+from fishserve.engine.engine import EngineEvent, GenerationRequest
 from fishserve.server import pipeline
 from fishserve.server.pipeline import Playback, SynthesisTimeoutError, early_chunk_frames
 
@@ -146,3 +148,85 @@ def test_deadlines_and_queue_time_count_from_the_given_arrival(tmp_path):
             asyncio.run(first_chunk(5.0, time.monotonic() - 10.0))  # timed out on arrival
     finally:
         runtime.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_runtime(tmp_path_factory):
+    """An in-process runtime on the tiny fixture models (real weights)."""
+    from conftest import tiny_server_config
+
+    from fishserve.server.runtime import build_local_runtime
+
+    config = tiny_server_config(tmp_path_factory.mktemp("pipeline"), num_kv_blocks=128)
+    runtime = build_local_runtime(config)
+    yield runtime
+    runtime.shutdown()
+
+
+def eos_request(**overrides: object) -> GenerationRequest:
+    """The fixture case that ends with the end token after 31 audio frames (of 40 allowed)."""
+    import json
+
+    from conftest import TINY_T2S
+    from safetensors.torch import load_file
+
+    from fishserve.engine.sampling import SamplingParams
+    from fishserve.models.prompt import Reference
+
+    meta = json.loads((TINY_T2S / "meta.json").read_text())
+    codes = load_file(TINY_T2S / "generate_long_case.safetensors")["ref_codes"]
+    greedy = SamplingParams(temperature=1e-5, top_p=0.9, repetition_penalty=1.0)
+    text = meta["eos_case"]["segment_text"]
+    return replace(
+        GenerationRequest(text, [Reference(codes, meta["ref_text"])], greedy, 0, 40), **overrides
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason", "frames"),
+    [({}, "stop", 31), ({"max_new_tokens": 10}, "length", 9), ({"ignore_eos": True}, "length", 39)],
+)
+def test_the_last_chunk_says_why_generation_ended(tiny_runtime, overrides, reason, frames):
+    async def chunks() -> list[pipeline.AudioChunk]:
+        request = eos_request(**overrides)
+        return [c async for c in pipeline.synthesize(tiny_runtime, request, 60.0)]
+
+    out = asyncio.run(chunks())
+    assert sum(len(c.samples) for c in out) == frames * 256
+    assert [c.finish_reason for c in out] == [None] * (len(out) - 1) + [reason]
+
+
+class HeldEngine:
+    """A stand-in `AsyncEngine`: `submit` returns a stream holding ten frames; the test ends
+    it. `engine` is the real `LLMEngine` (for the runtime's context size)."""
+
+    def __init__(self, engine: object) -> None:
+        self.engine = engine
+        self.stream: RequestStream | None = None
+
+    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop):
+        self.stream = RequestStream(request.request_id, loop)
+        for _ in range(10):  # exactly the first chunk (first_chunk_frames)
+            self.stream.put_in_loop(frame_event(request.request_id))
+        return self.stream
+
+    def cancel(self, request_id: str) -> None:
+        pass
+
+
+def test_a_stream_whose_audio_is_all_out_ends_with_an_empty_chunk_and_its_reason(tiny_runtime):
+    engine = HeldEngine(tiny_runtime.engine.engine)
+    runtime = replace(tiny_runtime, engine=engine)
+
+    async def scenario() -> tuple[pipeline.AudioChunk, list[pipeline.AudioChunk]]:
+        request = GenerationRequest("Held.")
+        chunks = pipeline.synthesize(runtime, request, 60.0)
+        head = await anext(chunks)  # all ten frames decoded before the engine says "done"
+        assert engine.stream is not None
+        end = EngineEvent(request.request_id, finished=True, finish_reason="length")
+        engine.stream.put_in_loop(end)
+        return head, [c async for c in chunks]
+
+    head, rest = asyncio.run(scenario())
+    assert len(head.samples) == 10 * 256 and head.finish_reason is None
+    assert [(len(c.samples), c.finish_reason) for c in rest] == [(0, "length")]

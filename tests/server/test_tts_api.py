@@ -307,3 +307,32 @@ def test_the_pipeline_gets_the_request_s_arrival():
     before = time.monotonic()
     asyncio.run(run())
     assert len(seen) == 1 and seen[0] is not None and before <= seen[0] <= time.monotonic()
+
+
+@pytest.mark.parametrize("reason", ["stop", "length"])
+def test_successes_are_counted_by_their_finish_reason(reason):
+    """The last chunk's finish reason labels the success; a last chunk without samples (all
+    audio was out before the end) is not passed on."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from fishserve.engine.engine import GenerationRequest
+    from fishserve.server.pipeline import AudioChunk
+    from fishserve.server.service import stream_audio
+
+    async def synthesize(request, timeout: float, arrival: float | None = None):
+        yield AudioChunk(np.zeros(256, np.float32), 0.0)
+        yield AudioChunk(np.zeros(0, np.float32), finish_reason=reason)
+
+    runtime = SimpleNamespace(synthesize=synthesize, sample_rate=44100)
+    metrics = Metrics()
+
+    async def run() -> list[np.ndarray]:
+        request = GenerationRequest("Hi.")
+        return [c async for c in stream_audio(runtime, request, metrics, 60.0)]
+
+    assert [len(c) for c in asyncio.run(run())] == [256]
+    values = metric_values(metrics.render().decode())
+    assert values[f'fishserve:request_success_total{{finished_reason="{reason}"}}'] == 1
+    other = "stop" if reason == "length" else "length"
+    assert f'fishserve:request_success_total{{finished_reason="{other}"}}' not in values
