@@ -165,3 +165,47 @@ def test_next_batch_wakes_once_enough_events_or_the_last_one_arrived():
     asyncio.run(main())
     with pytest.raises(RuntimeError):
         RequestStream("s", None).ready()
+
+
+@pytest.mark.parametrize("turns", [False, True])
+def test_events_are_delivered_while_the_next_step_computes(tiny_model, tiny_tokenizer, turns):
+    """Without GPU turns a step's events go out after the next step is launched (the device
+    computes it meanwhile); with turns a launch is the whole step, so they go out before."""
+    import contextlib
+
+    engine = make_engine(tiny_model, tiny_tokenizer)
+    if turns:
+        engine.gpu_turn = contextlib.nullcontext
+    log: list[str] = []
+    launch, finish = engine.launch_step, engine.finish_step
+
+    def logged_launch():
+        log.append("launch")
+        return launch()
+
+    def logged_finish(launched):
+        events = finish(launched)
+        log.append(f"finish:{sum(e.codes is not None for e in events)}")
+        return events
+
+    engine.launch_step, engine.finish_step = logged_launch, logged_finish
+    async_engine = AsyncEngine(engine)
+    dispatch = async_engine._dispatch
+
+    def logged_dispatch(events):
+        if events:
+            log.append(f"dispatch:{sum(e.codes is not None for e in events)}")
+        dispatch(events)
+
+    async_engine._dispatch = logged_dispatch
+    async_engine.start()
+    try:
+        codes, reason = collect(async_engine.submit(sampled_requests()[0]))
+    finally:
+        async_engine.shutdown()
+    assert reason in ("stop", "length") and codes.shape[1] >= 2
+    frames = [i for i, entry in enumerate(log) if entry == "finish:1"]
+    assert len(frames) >= 2
+    after = log[frames[0] + 1 : frames[0] + 3]  # what follows the first frame's step
+    expected = ["dispatch:1", "launch"] if turns else ["launch", "dispatch:1"]
+    assert after == expected, log[:12]
