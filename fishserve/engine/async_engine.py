@@ -206,16 +206,12 @@ class AsyncEngine:
     # -- engine thread -------------------------------------------------------------------------
     def _loop(self) -> None:
         """Step while there is work. A step's events are delivered after the next step is
-        launched, while the device computes it (`LLMEngine.launch_step`); with GPU turns a
-        launch is the whole step, so they are delivered before it."""
+        launched, while the device computes it (`LLMEngine.launch_step`)."""
         events: list[EngineEvent] = []
         try:
             while not self._stop.is_set():
                 self._drain_inbox(block=not self.engine.has_work() and not events)
                 work = self.engine.has_work()
-                if self.engine.gpu_turn is not None:
-                    self._dispatch(events)
-                    events = []
                 if work:
                     self.profiler.before_step()
                 launched = self.engine.launch_step() if work else None

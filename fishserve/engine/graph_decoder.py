@@ -14,9 +14,8 @@ step that admits a new prompt runs only the prompt's slow pass eagerly. The halv
 back to back, with no host sync in between: the rows the top-k prefilter could not decide are
 drawn again over the full vocabulary inside the token graph, up to a sixteenth of the batch
 (`sample_token_redone`); only a step with more of them has rows redone after the frames reach
-the host (`fix_inexact_`: full-vocabulary draw, fast transformer for those rows only). A batch
-is padded to the next bucket with neutral rows (null block, context 1); nothing is captured
-while serving.
+the host (`fix_inexact_`: full-vocabulary draw, fast transformer for those rows only). A batch is padded to the next bucket with neutral rows (null block, context 1); nothing
+is captured while serving.
 """
 
 from __future__ import annotations
