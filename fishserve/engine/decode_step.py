@@ -26,8 +26,8 @@ from fishserve.engine.frame import (
     inexact_rows,
     resample_rows_,
     sample_codebooks,
+    sample_token,
     sample_token_exact,
-    sample_token_redone,
 )
 from fishserve.engine.kv_cache import PagedKVCache
 from fishserve.engine.sampling import REPETITION_WINDOW
@@ -294,7 +294,7 @@ def decode_step_token(
     hidden = model.forward_slow(x, inputs.positions[:, None], attn)[:, -1]
     window = inputs.windows[:, 0]
     logits = model.slow_logits(hidden)
-    token, exact = sample_token_redone(logits, sampling_of(inputs), window, top_k_prefilter)
+    token, exact = sample_token(logits, sampling_of(inputs), window, top_k_prefilter)
     return TokenStep(hidden, token, exact)
 
 

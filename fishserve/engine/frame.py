@@ -83,36 +83,6 @@ def sample_token(
     return sample(logits, params.temperature, params.top_p, params.penalty, window, noise), None
 
 
-def redo_rows(batch: int) -> int:
-    """Rows of a batch of `batch` whose exact draw a step computes without a host sync
-    (`sample_token_redone`): a sixteenth of the batch, at least 4 (at most the batch)."""
-    return min(batch, max(4, batch // 16))
-
-
-def sample_token_redone(
-    logits: Tensor, params: BatchSampling, window: Tensor | None, top_k_prefilter: int
-) -> tuple[Tensor, Tensor | None]:
-    """`sample_token`, then the full-vocabulary draw for up to `redo_rows(B)` undecided rows.
-
-    Static shapes and no host sync (CUDA graphs): the undecided rows are gathered first by a
-    stable sort of the flags, and the first `redo_rows(B)` rows of that order are drawn again
-    with `sample_token_exact` (rows already exact among them keep their token, which is the
-    same draw). Only a step with more undecided rows than that leaves some `exact` False.
-
-    Returns:
-        ``(token, exact)`` as `sample_token`.
-    """
-    token, exact = sample_token(logits, params, window, top_k_prefilter)
-    if exact is None:
-        return token, exact
-    _, order = torch.sort(exact.to(torch.uint8), stable=True)  # undecided rows first
-    rows = order[: redo_rows(logits.shape[0])]
-    sub_window = None if window is None else window[rows]
-    drawn = sample_token_exact(logits[rows], params.select(rows), sub_window)
-    token = token.index_put((rows,), torch.where(exact[rows], token[rows], drawn))
-    return token, exact.index_put((rows,), torch.ones_like(rows, dtype=torch.bool))
-
-
 def inexact_rows(exact: Tensor | None) -> Tensor | None:
     """int64 (R,) rows the prefilter could not decide, or None (synchronises with the device)."""
     if exact is None:

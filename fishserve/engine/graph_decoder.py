@@ -11,10 +11,10 @@
 
 A decode step replays token + codes; the rows finishing a prefill replay head + codes, so a
 step that admits a new prompt runs only the prompt's slow pass eagerly. The halves are queued
-back to back, with no host sync in between: the rows the top-k prefilter could not decide are
-drawn again over the full vocabulary inside the token graph, up to a sixteenth of the batch
-(`sample_token_redone`); only a step with more of them has rows redone after the frames reach
-the host (`fix_inexact_`: full-vocabulary draw, fast transformer for those rows only). A batch is padded to the next bucket with neutral rows (null block, context 1); nothing
+back to back, with no host sync in between: the codes graph runs on the prefilter's token, and
+the rows the top-k prefilter could not decide (rare with a trained model) are redone after the
+frames reach the host (`fix_inexact_`: full-vocabulary draw, fast transformer for those rows
+only). A batch is padded to the next bucket with neutral rows (null block, context 1); nothing
 is captured while serving.
 """
 
@@ -36,7 +36,7 @@ from fishserve.engine.decode_step import (
     decode_step_token,
     sampling_of,
 )
-from fishserve.engine.frame import sample_token_redone
+from fishserve.engine.frame import sample_token
 from fishserve.engine.kv_cache import PagedKVCache
 from fishserve.engine.staging import StagedInputs
 from fishserve.models.dual_ar import DualARTransformer
@@ -94,7 +94,7 @@ class DecodeLaunch:
 def _head(model: DualARTransformer, step: TokenStep, inputs: DecodeInputs, k: int) -> None:
     """Token sampling from `step.hidden`, written into `step.token` and `step.exact`."""
     logits = model.slow_logits(step.hidden)
-    token, exact = sample_token_redone(logits, sampling_of(inputs), inputs.windows[:, 0], k)
+    token, exact = sample_token(logits, sampling_of(inputs), inputs.windows[:, 0], k)
     step.token.copy_(token)
     if exact is not None and step.exact is not None:
         step.exact.copy_(exact)

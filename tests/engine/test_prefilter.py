@@ -258,23 +258,3 @@ def test_pending_frames_carry_their_exactness_in_one_copy() -> None:
     flags = PendingFrames(frames, torch.tensor([True, False, True])).with_flags()
     assert flags.tolist() == [[0, 1, 2, 3, 1], [4, 5, 6, 7, 0], [8, 9, 10, 11, 1]]
     assert PendingFrames(frames).with_flags()[:, -1].tolist() == [1, 1, 1]
-
-
-@pytest.mark.parametrize("rows", [3, 64])
-def test_undecided_rows_are_drawn_again_within_the_step(rows: int) -> None:
-    """`sample_token_redone` gives the full draw for up to `redo_rows(B)` undecided rows and
-    leaves only the others flagged; decided rows keep the prefilter's token."""
-    from fishserve.engine.frame import redo_rows, sample_token_redone
-
-    logits = logits_of(rows, 8.0, seed=21)
-    logits[1::2] = logits_of(rows, 0.5, seed=22)[1::2]  # odd rows flat: undecided
-    p = batch(rows, seed=23)
-    window = torch.randint(0, V, (rows, 16), generator=torch.Generator().manual_seed(24))
-    _, before = sample_token(logits, p, window, K)
-    assert before is not None and int((~before).sum()) == rows // 2
-    token, exact = sample_token_redone(logits, p, window, K)
-    assert exact is not None
-    full = full_tokens(logits, p, window)
-    assert torch.equal(token[exact], full[exact])
-    assert int((~exact).sum()) == max(0, rows // 2 - redo_rows(rows))
-    assert bool(exact[0::2].all())  # decided rows stay decided
