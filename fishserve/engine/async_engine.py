@@ -205,22 +205,15 @@ class AsyncEngine:
 
     # -- engine thread -------------------------------------------------------------------------
     def _loop(self) -> None:
-        """Step while there is work. A step's events are delivered after the next step is
-        launched, while the device computes it (`LLMEngine.launch_step`)."""
-        events: list[EngineEvent] = []
         try:
             while not self._stop.is_set():
-                self._drain_inbox(block=not self.engine.has_work() and not events)
-                work = self.engine.has_work()
-                if work:
+                self._drain_inbox(block=not self.engine.has_work())
+                if self.engine.has_work():
                     self.profiler.before_step()
-                launched = self.engine.launch_step() if work else None
-                self._dispatch(events)
-                events = [] if launched is None else self.engine.finish_step(launched)
-                if work:
+                    outputs = self.engine.step()
                     self.profiler.after_step()
+                    self._dispatch(outputs)
                 self._stats = self.engine.stats()
-            self._dispatch(events)
         except Exception:
             log.exception("engine thread crashed")
         finally:

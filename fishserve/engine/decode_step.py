@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -27,7 +26,6 @@ from fishserve.engine.frame import (
     resample_rows_,
     sample_codebooks,
     sample_token,
-    sample_token_exact,
 )
 from fishserve.engine.kv_cache import PagedKVCache
 from fishserve.engine.sampling import REPETITION_WINDOW
@@ -185,16 +183,6 @@ class SamplingInputs:
     frames: Tensor
     windows: Tensor
 
-    @classmethod
-    def of(cls, inputs: DecodeInputs, rows: int) -> SamplingInputs:
-        """The sampling fields of the first `rows` rows of (host) `inputs` (views)."""
-        return cls(**{f.name: getattr(inputs, f.name)[:rows] for f in fields(cls)})
-
-    def select(self, rows: np.ndarray) -> SamplingInputs:
-        """The settings of `rows` (int64 (R,) indices) only (copies)."""
-        index = torch.from_numpy(rows)
-        return SamplingInputs(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
-
     def copy_into_(self, inputs: DecodeInputs) -> None:
         """Write these rows into the first S rows of `inputs`' sampling fields."""
         n = self.seeds.shape[0]
@@ -313,83 +301,6 @@ def resample_inexact_(
     logits = model.slow_logits(step.hidden)[rows]
     resample_rows_(step.token, rows, logits, sampling_of(inputs), inputs.windows[:, 0])
     return int(rows.numel())
-
-
-@dataclass
-class PendingFrames:
-    """Frames of S rows queued on the device, some maybe drawn from a provisional token.
-
-    A captured step runs its second half (the fast transformer) at once on the prefilter's
-    token, without waiting to learn which rows the prefilter could not decide; `fix_inexact_`
-    redoes those rows (rare with a trained model) after the frames reach the host.
-
-    Attributes:
-        frames: int64 (S, 1 + nc) frames on the device.
-        exact: bool (S,) rows whose token is the exact draw (device), or None: all are.
-        hidden: (P, D) slow hidden states of the step's P >= S rows (device copy; row i of
-            `frames` is row i), or None when `exact` is None.
-        sampling: host sampling settings and windows of the S rows, or None likewise.
-    """
-
-    frames: Tensor
-    exact: Tensor | None = None
-    hidden: Tensor | None = None
-    sampling: SamplingInputs | None = None
-
-    def with_flags(self) -> Tensor:
-        """int64 (S, 2 + nc): the frames and a last column, 1 where the row is exact."""
-        flags = (
-            torch.ones_like(self.frames[:, :1])
-            if self.exact is None
-            else self.exact[:, None].to(torch.int64)
-        )
-        return torch.cat([self.frames, flags], dim=1)
-
-
-# (hidden (R, D), token int64 (R,), host sampling of R rows) -> int64 (R, 1 + nc) frames
-CodesFn = Callable[[Tensor, Tensor, "SamplingInputs"], Tensor]
-
-
-def fix_inexact_(
-    model: DualARTransformer,
-    pending: PendingFrames,
-    frames: np.ndarray,
-    exact: np.ndarray,
-    run_codes: CodesFn | None = None,
-) -> int:
-    """Redraw the rows whose token the prefilter could not decide; returns how many.
-
-    The token is drawn over the full vocabulary (`sample_token_exact`) and the fast
-    transformer runs again for those rows only, overwriting their host frames.
-
-    Args:
-        pending: the device side of the frames (hidden states and host sampling settings).
-        frames: int64 (S, 1 + nc) host frames, updated in place.
-        exact: bool (S,) host flags (the last column of `PendingFrames.with_flags`).
-        run_codes: the second half for the rows (`CudaGraphDecoder.run_codes`); default
-            `sample_codebooks`, eagerly.
-
-    Raises:
-        ValueError: a row is not exact but `pending` keeps no hidden states to redo it.
-    """
-    rows = np.flatnonzero(~exact)
-    if rows.size == 0:
-        return 0
-    if pending.hidden is None or pending.sampling is None:
-        raise ValueError("inexact rows without the hidden states to redraw them")
-    device = pending.hidden.device
-    index = torch.from_numpy(rows).to(device)
-    # Logits of the whole step's shape, then the rows (bit-identical to the step's own GEMM).
-    logits = model.slow_logits(pending.hidden)[index]
-    host = pending.sampling.select(rows)
-    params, windows = host.to(device)
-    token = sample_token_exact(logits, params, windows[:, 0])
-    if run_codes is None:
-        codes = sample_codebooks(model, pending.hidden[index], token, params, windows)
-    else:
-        codes = run_codes(pending.hidden[index], token, host)
-    frames[rows] = codes.cpu().numpy()
-    return int(rows.size)
 
 
 def decode_step_codes(model: DualARTransformer, step: TokenStep, inputs: DecodeInputs) -> Tensor:

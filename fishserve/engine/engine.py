@@ -27,9 +27,9 @@ from fishserve.engine.memory import (
 )
 from fishserve.engine.profiling import profile_activation_bytes
 from fishserve.engine.reference import PromptTooLongError, frame_budget
-from fishserve.engine.runner import ModelRunner, StepOutputs
+from fishserve.engine.runner import ModelRunner
 from fishserve.engine.sampling import SamplingParams
-from fishserve.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from fishserve.engine.scheduler import Scheduler, SchedulerConfig
 from fishserve.engine.sequence import Sequence
 from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.prompt import Reference
@@ -134,20 +134,6 @@ class EngineStats:
     frames_generated: int
     busy_seconds: float = 0.0  # device time of the steps (ModelRunner.busy_seconds)
     steps: int = 0  # steps run (each computes one frame per decoding sequence)
-
-
-@dataclass
-class LaunchedStep:
-    """A scheduled batch between `LLMEngine.launch_step` and `finish_step`.
-
-    Exactly one of the last three is set: the runner's pending outputs (device work queued),
-    the finished results (GPU turns), or the exception that failed the launch.
-    """
-
-    batch: ScheduledBatch
-    outputs: StepOutputs | None = None
-    results: list[tuple[Sequence, np.ndarray]] | None = None
-    failure: Exception | None = None
 
 
 class KVPoolTooSmallError(ValueError):
@@ -346,38 +332,17 @@ class LLMEngine:
     # -- the step ------------------------------------------------------------------------------
     def step(self) -> list[EngineEvent]:
         """Schedule and run one batch; return the frames and completions it produced."""
-        launched = self.launch_step()
-        return [] if launched is None else self.finish_step(launched)
-
-    def launch_step(self) -> LaunchedStep | None:
-        """Schedule a batch and queue its device work; None when nothing is scheduled.
-
-        Without GPU turns a decode step returns while the device computes: the caller may do
-        host work (deliver the previous step's events) before `finish_step`. With turns
-        (`gpu_turn`) the step is computed, inside one turn, before this returns.
-        """
         batch = self.scheduler.schedule()
         if not batch:
-            return None
+            return []
         self.steps += 1
         try:
             if self.gpu_turn is None:
-                return LaunchedStep(batch, outputs=self.runner.launch(batch))
-            with self.gpu_turn():
                 results = self.runner.execute(batch)
-                self.runner.synchronize()  # a step sampling nothing did not wait yet
-            return LaunchedStep(batch, results=results)
-        except Exception as exc:  # a failed step fails its requests, not the engine
-            return LaunchedStep(batch, failure=exc)
-
-    def finish_step(self, launched: LaunchedStep) -> list[EngineEvent]:
-        """Wait for a launched step; the frames and completions it produced."""
-        batch, results = launched.batch, launched.results
-        try:
-            if launched.failure is not None:
-                raise launched.failure
-            if results is None:
-                results = self.runner.collect(launched.outputs or [])
+            else:
+                with self.gpu_turn():
+                    results = self.runner.execute(batch)
+                    self.runner.synchronize()  # a step sampling nothing did not wait yet
         except Exception as exc:  # a failed step fails its requests, not the engine
             log.exception("step failed for %d sequences", len(batch.items))
             return [self._fail(seq, f"generation failed: {exc}") for seq, _ in batch.items]

@@ -104,21 +104,10 @@ def resample_rows_(
         token: int64 (B,) tokens, updated in place. rows: int64 (R,).
         logits: (R, V) slow logits of those rows. window: int64 (B, W) or None.
     """
+    sub = params.select(rows)
+    noise = exponential_noise(sub.seeds, sub.counters(0), logits.shape[-1])
     sub_window = None if window is None else window[rows]
-    token[rows] = sample_token_exact(logits, params.select(rows), sub_window)
-
-
-def sample_token_exact(logits: Tensor, params: BatchSampling, window: Tensor | None) -> Tensor:
-    """The full-vocabulary draw of the slow token (`sample`), which the prefilter reproduces.
-
-    Args:
-        logits: (R, V) slow logits; params: the R rows' settings; window: int64 (R, W) or None.
-
-    Returns:
-        int64 (R,) token ids.
-    """
-    noise = exponential_noise(params.seeds, params.counters(0), logits.shape[-1])
-    return sample(logits, params.temperature, params.top_p, params.penalty, window, noise)
+    token[rows] = sample(logits, sub.temperature, sub.top_p, sub.penalty, sub_window, noise)
 
 
 def sample_frame(

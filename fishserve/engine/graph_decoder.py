@@ -10,12 +10,10 @@
 * the codes graph: the second half (`decode_step_codes`: fast transformer over the codebooks).
 
 A decode step replays token + codes; the rows finishing a prefill replay head + codes, so a
-step that admits a new prompt runs only the prompt's slow pass eagerly. The halves are queued
-back to back, with no host sync in between: the codes graph runs on the prefilter's token, and
-the rows the top-k prefilter could not decide (rare with a trained model) are redone after the
-frames reach the host (`fix_inexact_`: full-vocabulary draw, fast transformer for those rows
-only). A batch is padded to the next bucket with neutral rows (null block, context 1); nothing
-is captured while serving.
+step that admits a new prompt runs only the prompt's slow pass eagerly. Between the halves, the
+rows the top-k prefilter could not decide are resampled over the full vocabulary
+(`resample_inexact_`), eagerly and for those rows only. A batch is padded to the next bucket
+with neutral rows (null block, context 1); nothing is captured while serving.
 """
 
 from __future__ import annotations
@@ -29,11 +27,11 @@ from torch import Tensor
 
 from fishserve.engine.decode_step import (
     DecodeInputs,
-    PendingFrames,
     SamplingInputs,
     TokenStep,
     decode_step_codes,
     decode_step_token,
+    resample_inexact_,
     sampling_of,
 )
 from fishserve.engine.frame import sample_token
@@ -80,15 +78,12 @@ class DecodeLaunch:
         live: rows whose frames are wanted (the first `live` of `step` and `inputs`; the
             rest are prompt positions without a sample, or padding).
         captured: the bucket's graphs when replayed from them, else None (eager).
-        sampling: host sampling settings of the live rows (captured launches: to redo the
-            rows the prefilter could not decide, see `PendingFrames`).
     """
 
     step: TokenStep
     inputs: DecodeInputs
     live: int
     captured: _Captured | None = None
-    sampling: SamplingInputs | None = None
 
 
 def _head(model: DualARTransformer, step: TokenStep, inputs: DecodeInputs, k: int) -> None:
@@ -104,6 +99,7 @@ class CudaGraphDecoder:
     """Decode steps and frame heads replayed from CUDA graphs captured at start-up.
 
     Attributes:
+        resampled_rows: rows resampled over the full vocabulary so far (prefilter misses).
         num_captures: buckets captured (three graphs each).
     """
 
@@ -123,6 +119,7 @@ class CudaGraphDecoder:
         rows = model.config.num_codebooks + 1
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[int, _Captured] = {}
+        self.resampled_rows = 0
         self._filled: dict[int, int] = {}  # bucket -> rows holding live (non-neutral) values
         self.neutral = {
             b: DecodeInputs.empty(b, rows, max_blocks, self.device) for b in self.buckets
@@ -183,57 +180,34 @@ class CudaGraphDecoder:
         return captured
 
     def launch(self, host: DecodeInputs, live: int | None = None) -> DecodeLaunch:
-        """Queue both halves for `host`'s R rows (no host sync); collect with `finish`.
+        """Queue the token graph for `host`'s R rows (no host sync); finish with `finish`.
 
         `live`: the first rows whose frames are wanted (default all R).
         """
         b = host.columns.shape[0]
-        live = b if live is None else live
         bucket = next(size for size in self.buckets if size >= b)
         captured = self.graphs[bucket]
         captured.staged.stage(host)  # NumPy writes, then one upload per dtype
         captured.staged.upload()
         self._filled[bucket] = b  # the upload left rows b.. neutral on the device
         captured.token_graph.replay()
-        captured.codes_graph.replay()
-        sampling = SamplingInputs.of(host, live)
-        return DecodeLaunch(captured.step, captured.inputs, live, captured, sampling)
+        return DecodeLaunch(captured.step, captured.inputs, b if live is None else live, captured)
 
-    def finish(self, launched: DecodeLaunch) -> PendingFrames:
-        """The live rows' frames, exactness flags and hidden states, as device copies.
+    def finish(self, launched: DecodeLaunch) -> Tensor:
+        """Resample inexact rows (host sync), replay the codes graph; frames (live, 1 + nc).
 
-        Copies (queued, no host sync), so the bucket's graphs can be replayed again at once.
+        Returns a copy, so the bucket's graphs can be replayed again at once.
         """
         captured = launched.captured
-        if captured is None or launched.sampling is None:
+        if captured is None:
             raise ValueError("finish() takes a launch from this decoder's graphs")
-        live, step = launched.live, captured.step
-        return PendingFrames(
-            frames=captured.frames[:live].clone(),
-            exact=None if step.exact is None else step.exact[:live].clone(),
-            hidden=None if step.exact is None else step.hidden.clone(),
-            sampling=launched.sampling,
-        )
-
-    def run_codes(self, hidden: Tensor, token: Tensor, sampling: SamplingInputs) -> Tensor:
-        """The second half alone for R rows whose token is known (`fix_inexact_`).
-
-        Args:
-            hidden: (R, D) slow hidden states (device, model dtype); token: int64 (R,) slow
-                tokens (device); sampling: the rows' host settings and windows.
-
-        Returns:
-            int64 (R, 1 + nc) frames on the device (a copy); R must be <= `max_batch`.
-        """
-        r = hidden.shape[0]
-        captured = self._bucket(r)
-        sampling.copy_into_(captured.inputs)
-        captured.step.hidden[:r].copy_(hidden)
-        captured.step.token[:r].copy_(token)
+        with torch.inference_mode():
+            step, inputs, live = captured.step, captured.inputs, launched.live
+            self.resampled_rows += resample_inexact_(self.model, step, inputs, live)
         captured.codes_graph.replay()
-        return captured.frames[:r].clone()
+        return captured.frames[: launched.live].clone()
 
-    def run_head(self, hidden: Tensor, sampling: SamplingInputs) -> PendingFrames:
+    def run_head(self, hidden: Tensor, sampling: SamplingInputs) -> Tensor:
         """Frames of S rows from their slow hidden states (the rows finishing a prefill).
 
         Args:
@@ -241,12 +215,11 @@ class CudaGraphDecoder:
             sampling: the rows' host sampling settings and repetition windows.
 
         Returns:
-            The frames (queued copies, see `finish`); S must be <= `max_batch`.
+            int64 (S, 1 + nc) frames on the device (a copy); S must be <= `max_batch`.
         """
         s = hidden.shape[0]
         captured = self._bucket(s)
         sampling.copy_into_(captured.inputs)
         captured.step.hidden[:s].copy_(hidden)
         captured.head_graph.replay()
-        captured.codes_graph.replay()
-        return self.finish(DecodeLaunch(captured.step, captured.inputs, s, captured, sampling))
+        return self.finish(DecodeLaunch(captured.step, captured.inputs, s, captured))

@@ -18,16 +18,13 @@ from torch import Tensor
 
 from fishserve.engine.busy_timer import BusyTimer
 from fishserve.engine.decode_step import (
-    PendingFrames,
-    SamplingInputs,
     build_row_inputs,
     build_sampling_inputs,
     decode_step_codes,
     decode_step_token,
-    fix_inexact_,
     resample_inexact_,
 )
-from fishserve.engine.frame import sample_codebooks, sample_frame
+from fishserve.engine.frame import sample_frame
 from fishserve.engine.graph_decoder import CudaGraphDecoder, DecodeLaunch
 from fishserve.engine.kv_cache import PagedKVCache
 from fishserve.engine.paged_attention import AttentionMetadata, TorchPagedAttention
@@ -39,10 +36,6 @@ from fishserve.models.dual_ar import DualARTransformer
 # CUDA stream priority of the engine's steps (lower is higher; PyTorch maps values outside the
 # device's range to its nearest end). The decoder runs at the default, 0.
 STEP_STREAM_PRIORITY = -1
-
-
-# A launched step: each group of samplers and their pending frames (see `ModelRunner.launch`).
-StepOutputs = list[tuple[list[Sequence], PendingFrames]]
 
 
 @dataclass
@@ -166,8 +159,6 @@ class ModelRunner:
 
     Attributes:
         busy_seconds: time the device spent on this runner's steps (see `execute`).
-        resampled_rows: rows whose slow token the top-k prefilter could not decide, drawn
-            again over the full vocabulary (with their codebooks) so far.
 
     Args:
         max_batch: largest decode batch (the engine's `max_num_seqs`).
@@ -199,7 +190,6 @@ class ModelRunner:
         self.top_k_prefilter = top_k_prefilter
         self.busy = BusyTimer(self.device)
         self.max_rows = max_batch + static_prefill_tokens
-        self.resampled_rows = 0
         self.graphs: CudaGraphDecoder | None = None
         if on_gpu and not enforce_eager:
             self.graphs = CudaGraphDecoder(
@@ -219,43 +209,18 @@ class ModelRunner:
         """CUDA graphs captured (all at start-up; 0 when eager)."""
         return 0 if self.graphs is None else self.graphs.num_captures
 
+    @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, np.ndarray]]:
         """Compute the batch; return (sequence, frame: int64 NumPy (1 + nc,)) for samplers.
 
-        `collect(launch(batch))`.
-        """
-        return self.collect(self.launch(batch))
-
-    @torch.inference_mode()
-    def launch(self, batch: ScheduledBatch) -> StepOutputs:
-        """Queue the batch's device work and return its pending frames (see `collect`).
-
-        On CUDA a decode step (and a mixed one, but for its prompt rows' eager sampling) queues
-        without a host sync, so the caller can do host work while the device computes.
         Advances `num_computed` of every scheduled sequence and adds the step's device time to
         `busy_seconds` (`BusyTimer`: CUDA events, no extra synchronisation).
         """
-        with self._on_stream(), self.busy.measure():
+        on_stream = (
+            contextlib.nullcontext() if self.stream is None else torch.cuda.stream(self.stream)
+        )
+        with on_stream, self.busy.measure():
             return self._execute(batch)
-
-    @torch.inference_mode()
-    def collect(self, outputs: StepOutputs) -> list[tuple[Sequence, np.ndarray]]:
-        """Wait for a launched step; (sequence, frame: int64 NumPy (1 + nc,)) per sampler."""
-        with self._on_stream():
-            return self._finish(outputs)
-
-    def _codes(self, hidden: Tensor, token: Tensor, sampling: SamplingInputs) -> Tensor:
-        """The second half for rows redone after a step (captured when it fits)."""
-        graphs = self.graphs
-        if graphs is not None and hidden.shape[0] <= graphs.max_batch:
-            return graphs.run_codes(hidden, token, sampling)
-        params, windows = sampling.to(self.device)
-        return sample_codebooks(self.model, hidden, token, params, windows)
-
-    def _on_stream(self) -> contextlib.AbstractContextManager[object]:
-        if self.stream is None:
-            return contextlib.nullcontext()
-        return torch.cuda.stream(self.stream)
 
     def synchronize(self) -> None:
         """Wait for the queued device work of the steps (no-op on CPU)."""
@@ -267,42 +232,36 @@ class ModelRunner:
         """Device time of the completed steps (CUDA events; wall time on CPU)."""
         return self.busy.seconds
 
-    def _execute(self, batch: ScheduledBatch) -> StepOutputs:
+    def _execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, np.ndarray]]:
         if not self.static_decode:
-            return self._sample_general(self._prefill(batch))
+            return self._finish(self._sample_general(self._prefill(batch)))
         if batch.num_tokens <= self.max_rows:  # every position a row of one static step
-            return [self._finish_rows(self._launch_rows(batch.items))]
+            return self._finish([self._finish_rows(self._launch_rows(batch.items))])
         decode, other = split_decode(batch)
-        # Launch order: the decode rows' graphs (the device is busy) before the prefill rows'
-        # eager kernels are queued, and no host sync in between, so the host's kernel launches
-        # for the prefill overlap the decode work on the device.
+        # Launch order: the decode rows' first half (a graph replay: the device is busy) before
+        # the prefill rows' eager kernels are queued, and no host sync in between, so the
+        # host's kernel launches for the prefill overlap the decode work on the device.
         launched = self._launch_rows([(seq, 1) for seq in decode]) if decode else None
         prefill = self._prefill(other) if other.items else None
-        outputs: list[tuple[list[Sequence], PendingFrames]] = []
+        outputs: list[tuple[list[Sequence], Tensor]] = []
         if launched is not None:
             outputs.append(self._finish_rows(launched))
         if prefill is not None and prefill.samplers:
             outputs.append(self._sample_prefill(prefill))
-        return outputs
+        return self._finish(outputs)
 
-    def _finish(self, outputs: StepOutputs) -> list[tuple[Sequence, np.ndarray]]:
+    @staticmethod
+    def _finish(
+        outputs: list[tuple[list[Sequence], Tensor]],
+    ) -> list[tuple[Sequence, np.ndarray]]:
         """One device-to-host copy of every sampled frame; (sequence, frame) pairs.
 
-        Rows the prefilter could not decide are redone afterwards (`fix_inexact_`). Frames are
-        int64 NumPy rows (1 + nc,) of one array: no PyTorch call per row (see `Sequence`).
+        Frames are int64 NumPy rows (1 + nc,) of one array: no PyTorch call per row (see
+        `Sequence`).
         """
         if not outputs:
             return []
-        host = torch.cat([p.with_flags() for _, p in outputs]).cpu().numpy()
-        frames, exact = host[:, :-1], host[:, -1].astype(bool)
-        if not exact.all():
-            start = 0
-            for _, pending in outputs:
-                n = pending.frames.shape[0]
-                part = slice(start, start + n)
-                fixed = fix_inexact_(self.model, pending, frames[part], exact[part], self._codes)
-                self.resampled_rows += fixed
-                start += n
+        frames = torch.cat([f for _, f in outputs]).cpu().numpy()
         seqs = [seq for group, _ in outputs for seq in group]
         return list(zip(seqs, frames, strict=True))
 
@@ -317,7 +276,7 @@ class ModelRunner:
         last = hidden[0, inputs.sample_rows] if inputs.samplers else hidden[0, :0]
         return PrefillOutput(inputs.samplers, last)
 
-    def _sample_general(self, prefill: PrefillOutput) -> StepOutputs:
+    def _sample_general(self, prefill: PrefillOutput) -> list[tuple[list[Sequence], Tensor]]:
         """Frames of the sampling rows, eagerly."""
         if not prefill.samplers:
             return []
@@ -325,9 +284,9 @@ class ModelRunner:
         model, last = self.model, prefill.hidden
         logits = model.slow_logits(last)
         frames = sample_frame(model, last, logits, sampling, windows, self.top_k_prefilter)
-        return [(prefill.samplers, PendingFrames(frames))]
+        return [(prefill.samplers, frames)]
 
-    def _sample_prefill(self, prefill: PrefillOutput) -> tuple[list[Sequence], PendingFrames]:
+    def _sample_prefill(self, prefill: PrefillOutput) -> tuple[list[Sequence], Tensor]:
         """Frames of the prefill rows: the captured frame head when it fits, else eagerly."""
         graphs, seqs = self.graphs, prefill.samplers
         if graphs is None or len(seqs) > graphs.max_batch:
@@ -350,13 +309,11 @@ class ModelRunner:
             seq.num_computed += n
         return RowsLaunch(samplers, launched)
 
-    def _finish_rows(self, rows: RowsLaunch) -> tuple[list[Sequence], PendingFrames]:
-        """The samplers' frames: captured, as queued; eager, after resampling the inexact rows
-        (host sync) and running the second half."""
+    def _finish_rows(self, rows: RowsLaunch) -> tuple[list[Sequence], Tensor]:
+        """Resample the inexact rows (host sync), run the second half; the samplers' frames."""
         launched = rows.launched
         if launched.captured is not None and self.graphs is not None:
             return rows.samplers, self.graphs.finish(launched)
-        model, step, inputs, live = self.model, launched.step, launched.inputs, launched.live
-        self.resampled_rows += resample_inexact_(model, step, inputs, live)
-        frames = decode_step_codes(model, step, inputs)
-        return rows.samplers, PendingFrames(frames[:live])
+        resample_inexact_(self.model, launched.step, launched.inputs, launched.live)
+        frames = decode_step_codes(self.model, launched.step, launched.inputs)
+        return rows.samplers, frames[: launched.live]

@@ -61,18 +61,18 @@ def successes(server: LiveServer) -> float:
 def patched_steps(server: LiveServer, hook: Callable[[int], None]) -> Iterator[None]:
     """Call `hook(step_number)` on the engine thread before each model step."""
     runner = server.state.runtime.engine.engine.runner
-    original, calls = runner.launch, [0]
+    original, calls = runner.execute, [0]
 
-    def launch(batch):
+    def execute(batch):
         calls[0] += 1
         hook(calls[0])
         return original(batch)
 
-    runner.launch = launch
+    runner.execute = execute
     try:
         yield
     finally:
-        del runner.launch
+        del runner.execute
 
 
 def fail_after(steps: int) -> Callable[[int], None]:
