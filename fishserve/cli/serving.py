@@ -184,6 +184,10 @@ def serve(
     request_timeout: Annotated[
         float | None, _setting("request_timeout", "Seconds a request may take, queued or running.")
     ] = None,
+    shutdown_timeout: Annotated[
+        float | None,
+        _setting("shutdown_timeout", "Seconds a stopping server waits for open requests."),
+    ] = None,
     lazy_load: Annotated[
         bool | None, _setting("lazy_load", "Load the models on the first request.")
     ] = None,
@@ -217,4 +221,11 @@ def serve(
     app_ = create_app(settings, build_runtime, runtime)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()  # -v/-q
     # log_config=None: uvicorn's lines go through our handler, with timestamps like ours
-    uvicorn.run(app_, host=settings.host, port=settings.port, log_level=level, log_config=None)
+    uvicorn.run(
+        app_,
+        host=settings.host,
+        port=settings.port,
+        log_level=level,
+        log_config=None,
+        timeout_graceful_shutdown=settings.shutdown_timeout,
+    )

@@ -8,6 +8,7 @@ import errno
 import hmac
 import logging
 import socket
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -31,6 +32,7 @@ from fishserve.server.errors import (
     response_for,
 )
 from fishserve.server.routes_admin import router as admin_router
+from fishserve.server.routes_tts import ARRIVAL_KEY
 from fishserve.server.routes_tts import router as tts_router
 from fishserve.server.runtime import ServingRuntime, build_runtime
 from fishserve.server.state import ServerState
@@ -116,6 +118,8 @@ class GuardMiddleware:
     """Pure ASGI middleware (not `BaseHTTPMiddleware`, which hides client disconnects from
     the routes and turns a failing streamed body into a clean end).
 
+    * stamps the request's arrival (`time.monotonic()`, before its body is read; see
+      `routes_tts.arrival_of`);
     * 401 without the bearer API key (when set), except on `OPEN_PATHS`;
     * 413 when Content-Length, or the bytes received so far, exceed `max_body_bytes`
       (chunked uploads included);
@@ -134,6 +138,7 @@ class GuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        scope.setdefault("state", {})[ARRIVAL_KEY] = time.monotonic()  # see `arrival_of`
         refusal = self._refusal(scope)
         if refusal is not None:
             self.state.metrics.refused(refusal.status_code)

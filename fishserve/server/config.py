@@ -99,6 +99,9 @@ class ServerConfig(BaseModel):
     max_text_length: int = Field(10_000, ge=1)
     max_body_bytes: int = Field(32 * 2**20, ge=1024)
     request_timeout: float = Field(600.0, gt=0)
+    # Seconds a stopping server waits for open connections and running requests (then closes
+    # them): without a bound a client stalling its upload kept the server up forever.
+    shutdown_timeout: float = Field(30.0, gt=0)
     lazy_load: bool = False
     idle_unload_seconds: float = Field(0.0, ge=0)
 

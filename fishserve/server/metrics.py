@@ -155,9 +155,9 @@ class Metrics:
             self._seen[name] = total
 
     def refused(self, status: int) -> None:
-        """Count a request refused with HTTP `status`: 429 busy, 503 overloaded, other 4xx
-        invalid (other statuses are not refusals)."""
-        reason = {429: "busy", 503: "overloaded"}.get(status)
+        """Count a request refused with HTTP `status`: 408 timeout (body not received in
+        time), 429 busy, 503 overloaded, other 4xx invalid (other statuses are not refusals)."""
+        reason = {408: "timeout", 429: "busy", 503: "overloaded"}.get(status)
         if reason is None and 400 <= status < 500:
             reason = "invalid"
         if reason is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import ormsgpack
@@ -27,9 +28,31 @@ router = APIRouter()
 # Spec §5: the reference HTTP API keeps a 4,096-position history window.
 HTTP_MAX_LENGTH = 4096
 DEFAULT_VOICE = "default"  # OpenAI `voice` meaning "no reference: the model's own voice"
+ARRIVAL_KEY = "fishserve_arrival"  # request scope state: monotonic seconds at arrival
 # OpenAI's built-in voices: not stored here, so a 404 with a hint.
 _OPENAI_NAMES = "alloy ash ballad cedar coral echo fable marin nova onyx sage shimmer verse"
 OPENAI_VOICES = frozenset(_OPENAI_NAMES.split(" "))
+
+
+def arrival_of(request: Request) -> float:
+    """When the request arrived (`time.monotonic()` seconds, stamped by the server's
+    middleware before the body is read; now if it was not stamped)."""
+    return request.scope.get("state", {}).get(ARRIVAL_KEY, time.monotonic())
+
+
+async def read_body(request: Request) -> bytes:
+    """The whole body, received within the request timeout counted from its arrival.
+
+    Raises:
+        ApiError 408: the body did not arrive in time (a stalled or very slow upload).
+    """
+    state: ServerState = request.app.state.server
+    timeout = state.config.request_timeout
+    left = timeout - (time.monotonic() - arrival_of(request))
+    try:
+        return await asyncio.wait_for(request.body(), max(left, 0.0))
+    except TimeoutError:
+        raise ApiError(408, f"request body not received within the {timeout:g} s timeout") from None
 
 
 async def parse_body(request: Request) -> Any:
@@ -38,10 +61,11 @@ async def parse_body(request: Request) -> Any:
     The body size limit is enforced while receiving (`GuardMiddleware`, 413).
 
     Raises:
-        ApiError 400: malformed or too deeply nested; 415: other content types.
+        ApiError 400: malformed or too deeply nested; 408: the body did not arrive within the
+            request timeout; 415: other content types.
     """
     kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    raw = await request.body()
+    raw = await read_body(request)
     try:
         if kind in ("application/msgpack", "application/x-msgpack"):
             return ormsgpack.unpackb(raw)
@@ -121,7 +145,8 @@ async def tts(request: Request) -> Response:
             history_window(runtime.max_seq_len),
             body.ignore_eos,
         )
-        chunks = stream_audio(runtime, gen, state.metrics, state.config.request_timeout)
+        timeout, arrival = state.config.request_timeout, arrival_of(request)
+        chunks = stream_audio(runtime, gen, state.metrics, timeout, arrival)
         headers = response_headers(fmt, runtime.sample_rate)
         if body.streaming:
             rate = runtime.sample_rate
@@ -154,7 +179,8 @@ async def speech(request: Request) -> Response:
         window = history_window(runtime.max_seq_len)
         max_new_tokens = state.config.max_new_tokens
         gen = GenerationRequest(text, refs, SamplingParams(), 200, max_new_tokens, window)
-        chunks = stream_audio(runtime, gen, state.metrics, state.config.request_timeout)
+        timeout, arrival = state.config.request_timeout, arrival_of(request)
+        chunks = stream_audio(runtime, gen, state.metrics, timeout, arrival)
         headers = response_headers(fmt, runtime.sample_rate)
         if body.instructions:
             headers["X-Fishserve-Note"] = "instructions are ignored by Fish Speech 1.5"

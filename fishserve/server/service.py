@@ -91,17 +91,22 @@ async def resolve_references(
 
 
 async def stream_audio(
-    runtime: ServingRuntime, request: GenerationRequest, metrics: Metrics, timeout: float
+    runtime: ServingRuntime,
+    request: GenerationRequest,
+    metrics: Metrics,
+    timeout: float,
+    arrival: float | None = None,
 ) -> AsyncIterator[np.ndarray]:
     """Generate and decode `request`, yielding float32 mono chunks at the decoder's rate.
 
-    The request's `timeout` (seconds), its first-chunk deadline and its queue time count from
-    its arrival here (`Synthesis.arrival`), also in the engine-core process.
+    The request's `timeout` (seconds), its first-chunk deadline, its queue time and its TTFA
+    count from `arrival` (`time.monotonic()` when the HTTP request arrived, before its body was
+    read; None: now), also in the engine-core process.
 
     Raises: as `pipeline.synthesize` (EngineBusyError, EngineDeadError and ValueError
     subclasses before anything is yielded; SynthesisError and its subclasses while streaming).
     """
-    timing = Synthesis()
+    timing = Synthesis() if arrival is None else Synthesis(arrival)
     outcome = "cancelled"
     try:
         async with aclosing(runtime.synthesize(request, timeout, timing.arrival)) as chunks:

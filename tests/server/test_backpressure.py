@@ -141,3 +141,58 @@ def test_lazy_load_and_idle_unload(tmp_path):
                 break
             threading.Event().wait(0.1)
         assert live.state.runtime is None
+
+
+def test_a_stalled_upload_gets_a_408_at_the_request_timeout(tmp_path):
+    """The request timeout counts from arrival, body upload included: a client that sends
+    its headers and part of its body, then stalls, gets a 408, not an open connection."""
+    import socket
+
+    with LiveServer(tiny_server_config(tmp_path, request_timeout=1.0)) as live:
+        with socket.create_connection(("127.0.0.1", live.port), timeout=10) as sock:
+            head = (
+                "POST /v1/tts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Content-Length: 100\r\n\r\n"
+            )
+            start = time.monotonic()
+            sock.sendall(head.encode() + b'{"text": ')
+            reply = sock.recv(4096).decode()
+            elapsed = time.monotonic() - start
+        assert reply.startswith("HTTP/1.1 408"), reply[:200]
+        assert "not received within the 1 s timeout" in reply
+        assert 0.9 < elapsed < 5
+        assert 'request_failure_total{reason="timeout"} 1.0' in metrics(live)
+
+
+def test_the_deadline_counts_from_arrival_not_from_the_end_of_the_upload(tmp_path):
+    """A body that takes 1.5 s to arrive leaves 0.5 s of a 2 s timeout: with the decoder
+    stuck, the 504 comes ~2 s after the first byte, not 2 s after the last."""
+    config = tiny_server_config(tmp_path, request_timeout=2.0)
+    with LiveServer(config) as live:
+        runner = live.state.runtime.decode_worker.runner
+        slow, original = threading.Event(), runner.decode_jobs
+
+        def stuck(jobs):
+            slow.wait(8)
+            return original(jobs)
+
+        def body():
+            yield b'{"text": "Hi.", '
+            time.sleep(1.5)
+            yield b'"max_new_tokens": 20, "ignore_eos": true}'
+
+        runner.decode_jobs = stuck
+        try:
+            start = time.monotonic()
+            response = httpx.post(
+                live.url + "/v1/tts",
+                content=body(),
+                headers={"content-type": "application/json"},
+                timeout=60,
+            )
+            elapsed = time.monotonic() - start
+            assert response.status_code == 504, response.text
+            assert elapsed < 2.9  # counted from the body's end it would be >= 3.5 s
+        finally:
+            slow.set()
+            runner.decode_jobs = original

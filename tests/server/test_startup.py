@@ -115,6 +115,7 @@ def test_models_are_built_before_the_server_listens(tmp_path, monkeypatch):
 
     def run(app_, host, port, **kwargs):
         events.append("run")
+        assert kwargs["timeout_graceful_shutdown"] == 12.5  # --shutdown-timeout
         with TestClient(app_) as client:  # runs the lifespan: takes the built runtime
             health = client.get("/health").json()
         assert health["loaded"] and health["model"]["load_format"] == "dummy"
@@ -124,7 +125,19 @@ def test_models_are_built_before_the_server_listens(tmp_path, monkeypatch):
     monkeypatch.setattr(uvicorn, "run", run)
     try:
         result = CliRunner().invoke(
-            app, ["serve", *TINY, "--load-format", "dummy", "--threads", "2", "--port", "0"]
+            app,
+            [
+                "serve",
+                *TINY,
+                "--load-format",
+                "dummy",
+                "--threads",
+                "2",
+                "--port",
+                "0",
+                "--shutdown-timeout",
+                "12.5",
+            ],
         )
         assert torch.get_num_threads() == 2
     finally:
