@@ -134,6 +134,7 @@ class EngineStats:
     frames_generated: int
     busy_seconds: float = 0.0  # device time of the steps (ModelRunner.busy_seconds)
     steps: int = 0  # steps run (each computes one frame per decoding sequence)
+    full_sort_rows: int = 0  # prefilter misses redone with a full sort (ModelRunner)
 
 
 class KVPoolTooSmallError(ValueError):
@@ -327,6 +328,7 @@ class LLMEngine:
             frames_generated=self.frames_generated,
             busy_seconds=self.runner.busy_seconds,
             steps=self.steps,
+            full_sort_rows=self.runner.full_sort_rows,
         )
 
     # -- the step ------------------------------------------------------------------------------

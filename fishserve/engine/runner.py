@@ -159,6 +159,8 @@ class ModelRunner:
 
     Attributes:
         busy_seconds: time the device spent on this runner's steps (see `execute`).
+        full_sort_rows: slow-token draws of the static path (captured or not) that the top-k
+            prefilter could not decide and a full sort redid (exact either way).
 
     Args:
         max_batch: largest decode batch (the engine's `max_num_seqs`).
@@ -190,6 +192,7 @@ class ModelRunner:
         self.top_k_prefilter = top_k_prefilter
         self.busy = BusyTimer(self.device)
         self.max_rows = max_batch + static_prefill_tokens
+        self._eager_full_sort_rows = 0
         self.graphs: CudaGraphDecoder | None = None
         if on_gpu and not enforce_eager:
             self.graphs = CudaGraphDecoder(
@@ -226,6 +229,12 @@ class ModelRunner:
         """Wait for the queued device work of the steps (no-op on CPU)."""
         if self.stream is not None:
             self.stream.synchronize()
+
+    @property
+    def full_sort_rows(self) -> int:
+        """See the class docstring."""
+        captured = 0 if self.graphs is None else self.graphs.resampled_rows
+        return captured + self._eager_full_sort_rows
 
     @property
     def busy_seconds(self) -> float:
@@ -314,6 +323,7 @@ class ModelRunner:
         launched = rows.launched
         if launched.captured is not None and self.graphs is not None:
             return rows.samplers, self.graphs.finish(launched)
-        resample_inexact_(self.model, launched.step, launched.inputs, launched.live)
+        rows = resample_inexact_(self.model, launched.step, launched.inputs, launched.live)
+        self._eager_full_sort_rows += rows
         frames = decode_step_codes(self.model, launched.step, launched.inputs)
         return rows.samplers, frames[: launched.live]

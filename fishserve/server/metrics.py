@@ -78,6 +78,13 @@ class Metrics:
             "generation_frames_total / engine_steps_total is the mean batch.",
             registry=r,
         )
+        self.full_sort_rows = Counter(
+            "fishserve:sampler_full_sort_rows_total",
+            "Slow-token draws the top-k prefilter could not decide, redone with a full sort "
+            "over the vocabulary (exact either way, slower); compare with "
+            "generation_frames_total. Rows of prompt-only eager steps are not counted.",
+            registry=r,
+        )
         self.audio_seconds = Counter(
             "fishserve:audio_seconds_total", "Seconds of audio produced.", registry=r
         )
@@ -125,6 +132,7 @@ class Metrics:
         self._advance("preemptions", self.preemptions, stats.preemptions)
         self._advance("frames", self.frames, stats.frames_generated)
         self._advance("engine_steps", self.engine_steps, stats.steps)
+        self._advance("full_sort_rows", self.full_sort_rows, stats.full_sort_rows)
         self._advance("llm_busy", self.gpu_busy.labels(component="llm"), stats.busy_seconds)
 
     def update_decoder(self, busy_seconds: float, calls: int, frames: int) -> None:

@@ -194,3 +194,21 @@ def test_a_mass_within_rounding_of_top_p_goes_to_the_full_sort() -> None:
     p = batch(1, seed=2, top_p=float(probs[:2].sum()))  # the cut lands exactly on top_p
     exact = prefilter_exact(logits, p, 64)
     assert not exact.any()
+
+
+def test_the_engine_counts_the_draws_the_prefilter_left_to_the_full_sort(
+    tiny_model, tiny_tokenizer
+) -> None:
+    """The tiny random model's logits are flat: the static path's prefilter over 8 ids leaves
+    its draws to the full sort, and the engine's stats count them; without a prefilter none."""
+    requests = [
+        GenerationRequest("Hello there.", max_new_tokens=6, ignore_eos=True, request_id=f"r{i}")
+        for i in range(3)
+    ]
+    counts = {}
+    for k in (0, 8):
+        engine = make_engine(tiny_model, tiny_tokenizer, static_decode=True, top_k_prefilter=k)
+        run_engine(engine, requests)
+        counts[k] = engine.stats().full_sort_rows
+    assert counts[0] == 0
+    assert counts[8] > 0
