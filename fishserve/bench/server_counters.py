@@ -20,6 +20,7 @@ COUNTERS = {
     "decoder_busy_s": ("fishserve:gpu_busy_seconds_total", {"component": "decoder"}),
     "engine_steps": ("fishserve:engine_steps_total", {}),
     "frames": ("fishserve:generation_frames_total", {}),
+    "full_sort_rows": ("fishserve:sampler_full_sort_rows_total", {}),
 }
 
 
@@ -34,6 +35,8 @@ class ServerRates:
         steps_per_s: engine steps per wall second (1,000 / steps_per_s is the mean step period
             in ms while the engine always has work); frames_per_step: frames generated per
             step, the mean decode batch.
+        full_sort_share: the fraction of generated frames whose slow token the top-k
+            prefilter left to the full sort (`fishserve:sampler_full_sort_rows_total`).
     """
 
     decoder_frames_per_s: float | None = None
@@ -41,6 +44,7 @@ class ServerRates:
     decoder_busy: float | None = None
     steps_per_s: float | None = None
     frames_per_step: float | None = None
+    full_sort_share: float | None = None
 
 
 def parse_counters(text: str) -> dict[str, float]:
@@ -74,6 +78,8 @@ def rates(before: dict[str, float], after: dict[str, float], seconds: float) -> 
 
     steps, frames = rate("engine_steps"), rate("frames")
     per_step = frames / steps if steps and frames is not None else None
+    full_sort = rate("full_sort_rows")
+    share = full_sort / frames if frames and full_sort is not None else None
     return ServerRates(
-        rate("decoder_frames"), rate("llm_busy_s"), rate("decoder_busy_s"), steps, per_step
+        rate("decoder_frames"), rate("llm_busy_s"), rate("decoder_busy_s"), steps, per_step, share
     )
