@@ -323,7 +323,7 @@ class ModelRunner:
         launched = rows.launched
         if launched.captured is not None and self.graphs is not None:
             return rows.samplers, self.graphs.finish(launched)
-        rows = resample_inexact_(self.model, launched.step, launched.inputs, launched.live)
-        self._eager_full_sort_rows += rows
+        redone = resample_inexact_(self.model, launched.step, launched.inputs, launched.live)
+        self._eager_full_sort_rows += redone
         frames = decode_step_codes(self.model, launched.step, launched.inputs)
         return rows.samplers, frames[: launched.live]

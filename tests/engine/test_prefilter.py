@@ -208,7 +208,9 @@ def test_the_engine_counts_the_draws_the_prefilter_left_to_the_full_sort(
     counts = {}
     for k in (0, 8):
         engine = make_engine(tiny_model, tiny_tokenizer, static_decode=True, top_k_prefilter=k)
-        run_engine(engine, requests)
+        results = run_engine(engine, requests)
+        assert all(event.finish_reason == "length" for _, event in results.values())
+        assert all(codes.shape[1] == 5 for codes, _ in results.values())  # 6 frames, 1st not audio
         counts[k] = engine.stats().full_sort_rows
     assert counts[0] == 0
     assert counts[8] > 0
