@@ -10,6 +10,7 @@ from typing import Any
 import ormsgpack
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
 
 from fishserve.audio.encoders import AudioFormat, encode_audio, response_headers
 from fishserve.engine.engine import GenerationRequest
@@ -45,6 +46,7 @@ async def read_body(request: Request) -> bytes:
 
     Raises:
         ApiError 408: the body did not arrive in time (a stalled or very slow upload).
+        ClientDisconnect: the client went away first (counted as a cancelled request).
     """
     state: ServerState = request.app.state.server
     timeout = state.config.request_timeout
@@ -53,6 +55,9 @@ async def read_body(request: Request) -> bytes:
         return await asyncio.wait_for(request.body(), max(left, 0.0))
     except TimeoutError:
         raise ApiError(408, f"request body not received within the {timeout:g} s timeout") from None
+    except ClientDisconnect:
+        state.metrics.failure.labels(reason="cancelled").inc()
+        raise
 
 
 async def parse_body(request: Request) -> Any:

@@ -201,3 +201,22 @@ def test_the_deadline_counts_from_arrival_not_from_the_end_of_the_upload(tmp_pat
         finally:
             slow.set()
             runner.decode_jobs = original
+
+
+def test_a_client_gone_before_its_body_arrived_counts_as_cancelled(tmp_path):
+    import socket
+
+    with LiveServer(tiny_server_config(tmp_path)) as live:
+        with socket.create_connection(("127.0.0.1", live.port), timeout=10) as sock:
+            head = (
+                "POST /v1/tts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Content-Length: 100\r\n\r\n"
+            )
+            sock.sendall(head.encode() + b'{"text": ')
+            time.sleep(0.3)  # the route is waiting for the rest of the body
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if 'request_failure_total{reason="cancelled"} 1.0' in metrics(live):
+                break
+            time.sleep(0.1)
+        assert 'request_failure_total{reason="cancelled"} 1.0' in metrics(live)
