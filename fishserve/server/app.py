@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from fishserve.server.config import ServerConfig
 from fishserve.server.errors import (
     HANDLED,
+    BodyTimeoutError,
     BodyTooLargeError,
     StreamAbortedError,
     error_response,
@@ -122,7 +123,8 @@ class GuardMiddleware:
       `routes_tts.arrival_of`);
     * 401 without the bearer API key (when set), except on `OPEN_PATHS`;
     * 413 when Content-Length, or the bytes received so far, exceed `max_body_bytes`
-      (chunked uploads included);
+      (chunked uploads included); 408 when the body is not complete `request_timeout`
+      seconds after arrival (a stalled or very slow upload, on any route);
     * an exception no handler took: logged with its traceback, JSON 500;
     * an exception after the response started (a stream failing part-way): one log line, and
       the connection is closed without the terminating chunk;
@@ -138,13 +140,14 @@ class GuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        scope.setdefault("state", {})[ARRIVAL_KEY] = time.monotonic()  # see `arrival_of`
+        arrival = scope.setdefault("state", {})[ARRIVAL_KEY] = time.monotonic()  # `arrival_of`
         refusal = self._refusal(scope)
         if refusal is not None:
             self.state.metrics.refused(refusal.status_code)
             await refusal(scope, receive, send)
             return
-        call = _Call(receive, send, self.state.config.max_body_bytes)
+        config = self.state.config
+        call = _Call(receive, send, config.max_body_bytes, arrival, config.request_timeout)
         try:
             await self.app(scope, call.receive, call.send)
         except Exception as exc:
@@ -174,28 +177,41 @@ class GuardMiddleware:
             if not isinstance(exc, StreamAbortedError):  # not yet logged
                 log_stream_failure(exc, where)
             _ABORTED.set(True)  # returning without the final body message aborts the response
-        elif isinstance(exc, BodyTooLargeError):  # raised where no handler saw it
-            await error_response(413, str(exc.detail))(scope, call.receive, call.send)
+        elif isinstance(exc, BodyTooLargeError | BodyTimeoutError):  # where no handler saw it
+            self.state.metrics.refused(exc.status_code)
+            await error_response(exc.status_code, str(exc.detail))(scope, call.receive, call.send)
         else:
             log_unexpected(exc, where)
             await response_for(exc)(scope, call.receive, call.send)
 
 
 class _Call:
-    """The receive/send pair of one request: counts body bytes (413 past `limit`) and notes
-    whether the response has started."""
+    """The receive/send pair of one request: counts body bytes (413 past `limit`), bounds the
+    body's arrival by the request timeout (408 when it is not complete `timeout` seconds after
+    `arrival`, monotonic), and notes whether the response has started."""
 
-    def __init__(self, receive: Receive, send: Send, limit: int) -> None:
+    def __init__(
+        self, receive: Receive, send: Send, limit: int, arrival: float, timeout: float
+    ) -> None:
         self._receive, self._send, self.limit = receive, send, limit
+        self.arrival, self.timeout = arrival, timeout
         self.received = 0
+        self.body_done = False
         self.started = False
 
     async def receive(self) -> Message:
-        message = await self._receive()
+        if self.body_done:  # later receives wait for a disconnect, as long as the response
+            return await self._receive()
+        left = self.arrival + self.timeout - time.monotonic()
+        try:
+            message = await asyncio.wait_for(self._receive(), max(left, 0.0))
+        except TimeoutError:
+            raise BodyTimeoutError(self.timeout) from None
         if message["type"] == "http.request":
             self.received += len(message.get("body", b""))
             if self.received > self.limit:
                 raise BodyTooLargeError(self.limit)
+            self.body_done = not message.get("more_body", False)
         return message
 
     async def send(self, message: Message) -> None:

@@ -57,6 +57,16 @@ class BodyTooLargeError(HTTPException):
         super().__init__(413, f"request body exceeds the limit of {limit} bytes")
 
 
+class BodyTimeoutError(HTTPException):
+    """The request body had not fully arrived by the request timeout (HTTP 408).
+
+    An `HTTPException` for the same reason as `BodyTooLargeError`.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(408, f"request body not received within the {timeout:g} s timeout")
+
+
 class StreamAbortedError(Exception):
     """Raised by a streaming body that failed after the response started (already logged):
     the connection is closed without the terminating chunk, so the client sees the failure."""

@@ -6,6 +6,7 @@ import threading
 import time
 
 import httpx
+import pytest
 from conftest import LiveServer, tiny_server_config
 
 from fishserve.engine.engine import GenerationRequest
@@ -143,7 +144,17 @@ def test_lazy_load_and_idle_unload(tmp_path):
         assert live.state.runtime is None
 
 
-def test_a_stalled_upload_gets_a_408_at_the_request_timeout(tmp_path):
+MULTIPART_START = b'--b\r\nContent-Disposition: form-data; name="id"\r\n\r\nme\r\n'
+
+
+@pytest.mark.parametrize(
+    ("path", "kind", "prefix"),
+    [
+        ("/v1/tts", "application/json", b'{"text": '),
+        ("/v1/references/add", "multipart/form-data; boundary=b", MULTIPART_START),
+    ],
+)
+def test_a_stalled_upload_gets_a_408_at_the_request_timeout(tmp_path, path, kind, prefix):
     """The request timeout counts from arrival, body upload included: a client that sends
     its headers and part of its body, then stalls, gets a 408, not an open connection."""
     import socket
@@ -151,11 +162,11 @@ def test_a_stalled_upload_gets_a_408_at_the_request_timeout(tmp_path):
     with LiveServer(tiny_server_config(tmp_path, request_timeout=1.0)) as live:
         with socket.create_connection(("127.0.0.1", live.port), timeout=10) as sock:
             head = (
-                "POST /v1/tts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {kind}\r\n"
                 "Content-Length: 100\r\n\r\n"
             )
             start = time.monotonic()
-            sock.sendall(head.encode() + b'{"text": ')
+            sock.sendall(head.encode() + prefix)
             reply = sock.recv(4096).decode()
             elapsed = time.monotonic() - start
             while "}" not in reply.split("\r\n\r\n", 1)[-1]:  # headers and body may split
