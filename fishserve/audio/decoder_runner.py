@@ -16,7 +16,9 @@ the job lengths the chunk schedule produces, :func:`frame_buckets_for`), so that
 * each bucket is captured in a CUDA graph at start-up (``num_captures``), so a call costs one
   graph launch instead of ~700 kernel launches (and the GIL is free for the engine thread);
 * everything runs on a dedicated CUDA stream, so decoder calls overlap the language model's
-  steps instead of queueing behind them on one stream.
+  steps instead of queueing behind them on one stream; with ``num_sms`` that stream belongs to
+  a green context of that many SMs (:mod:`fishserve.engine.sm_partition`), graphs captured on
+  it included, so a busy decoder leaves the other SMs to the engine's kernels.
 
 Why padding is exact: right-padded frames cannot reach earlier samples (every op is causal) and
 padded batch rows have length 0; each job keeps only its own samples (see ``batching``). On the
@@ -40,6 +42,8 @@ from torch import Tensor
 
 from fishserve.engine.busy_timer import BusyTimer
 from fishserve.engine.graph_decoder import graph_buckets
+from fishserve.engine.host_copy import PinnedDownload, PinnedUpload
+from fishserve.engine.sm_partition import SMPartition, make_partition
 from fishserve.models.firefly import FireflyConfig, FireflyGenerator
 from fishserve.models.firefly.triton_head import TritonHead, triton_head_available
 from fishserve.models.fusion import gpu_fused
@@ -141,9 +145,12 @@ class DecoderRunner:
             8 jobs per call on an H200 (docs/benchmarks.md §2).
         kernels: ``"triton"``, ``"torch"`` or ``"auto"`` (Triton where usable, see
             :func:`resolve_kernels`); the CPU always runs the PyTorch head.
+        num_sms: run on a partition of this many SMs (CUDA green context, see
+            :mod:`fishserve.engine.sm_partition`); None: the decoder's stream may use every SM.
 
     Raises:
         ValueError: bad ``kernels`` (see :func:`resolve_kernels`).
+        SMPartitionError: ``num_sms`` given but no such partition can be made (a ValueError).
 
     Attributes:
         kernels: the head's kernels in use, ``"triton"`` or ``"torch"``.
@@ -162,6 +169,7 @@ class DecoderRunner:
         compile: bool = False,
         channels_last: bool = False,
         kernels: str = "auto",
+        num_sms: int | None = None,
     ) -> None:
         self.decoder = decoder
         self.config = decoder.config
@@ -181,7 +189,14 @@ class DecoderRunner:
         )
         self.batch_buckets = graph_buckets(max_batch)
         self.frame_buckets = tuple(sorted(frame_buckets))
-        self.stream = torch.cuda.Stream(self.device) if cuda else None
+        self.partition: SMPartition | None = None
+        if num_sms is not None:
+            self.partition = make_partition(self.device, num_sms)
+        self.stream = self._make_stream() if cuda else None
+        # Pinned copies: a pageable copy here blocked the engine thread's CUDA calls until the
+        # whole decoder call had run (`fishserve.engine.host_copy`).
+        self._codes_up, self._lengths_up = PinnedUpload(self.device), PinnedUpload(self.device)
+        self._audio_down = PinnedDownload(self.device)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor, Tensor, Tensor]]
         self.graphs = {}
         self.busy = BusyTimer(self.device)
@@ -215,7 +230,7 @@ class DecoderRunner:
         for start in range(0, len(jobs), self.max_batch):
             part = jobs[start : start + self.max_batch]
             codes, lengths = pad_jobs(part, self.config.n_groups)
-            samples = self.decode_padded(codes, lengths)
+            samples = self._decode_padded(codes, lengths)  # valid until the next call
             out += split_samples(samples, part, self.config.frame_samples)
             self.calls += 1
             self.frames_decoded += sum(job.new_frames for job in part)
@@ -226,6 +241,10 @@ class DecoderRunner:
 
         B must be at most ``max_batch``. Samples past each length are 0.
         """
+        return self._decode_padded(codes, lengths).copy()
+
+    def _decode_padded(self, codes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """`decode_padded`, but on CUDA a view of a pinned buffer the next call overwrites."""
         b, groups, frames = codes.shape
         bb = next(size for size in self.batch_buckets if size >= b)
         fb = next((size for size in self.frame_buckets if size >= frames), frames)
@@ -242,13 +261,13 @@ class DecoderRunner:
             graph = self.graphs.get((bb, fb)) if self.use_graphs else None
             if graph is not None:
                 _, codes_in, lengths_in, wave = graph
-                codes_in.copy_(torch.from_numpy(codes))
-                lengths_in.copy_(torch.from_numpy(lengths))
+                self._codes_up.upload(codes_in, codes)
+                self._lengths_up.upload(lengths_in, lengths)
                 graph[0].replay()
             else:
                 wave = self._eager(codes, lengths)
-            host = wave[:b, 0, : frames * self.config.frame_samples].cpu()  # syncs this stream
-        return host.numpy()
+            rows = self._audio_down.download_view(wave[:b, 0])  # waits for this stream
+        return rows[:, : frames * self.config.frame_samples]
 
     @property
     def busy_seconds(self) -> float:
@@ -256,9 +275,21 @@ class DecoderRunner:
         return self.busy.seconds
 
     # ------------------------------------------------------------------ internals
+    def _make_stream(self) -> torch.cuda.Stream:
+        if self.partition is None:
+            return torch.cuda.Stream(self.device)
+        log.info(
+            "decoder on %d of %d SMs (green context)",
+            self.partition.num_sms,
+            self.partition.total_sms,
+        )
+        return self.partition.stream
+
     def _eager(self, codes: np.ndarray, lengths: np.ndarray) -> Tensor:
-        codes_t = torch.from_numpy(codes).to(self.device)
-        lengths_t = torch.from_numpy(lengths).to(self.device)
+        codes_t = torch.empty(codes.shape, dtype=torch.int64, device=self.device)
+        lengths_t = torch.empty(lengths.shape, dtype=torch.int64, device=self.device)
+        self._codes_up.upload(codes_t, codes)
+        self._lengths_up.upload(lengths_t, lengths)
         with torch.inference_mode():
             if self.device.type == "cuda":
                 return self._forward(codes_t, lengths_t, self.decoder)

@@ -163,6 +163,14 @@ def serve(
             "streams) or turns (one decoder call between steps).",
         ),
     ] = None,
+    decoder_sms: Annotated[
+        int | None,
+        _setting(
+            "decoder_sms",
+            "Run the GPU decoder on this many SMs (CUDA green context), leaving the others to "
+            "the engine's steps; none = all SMs.",
+        ),
+    ] = None,
     max_reference_seconds: Annotated[
         float | None, _setting("max_reference_seconds", "Longest reference audio (s).")
     ] = None,

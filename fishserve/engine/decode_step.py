@@ -27,6 +27,7 @@ from fishserve.engine.frame import (
     sample_codebooks,
     sample_token,
 )
+from fishserve.engine.host_copy import copy_to_device_, to_device
 from fishserve.engine.kv_cache import PagedKVCache
 from fishserve.engine.sampling import REPETITION_WINDOW
 from fishserve.engine.sequence import Sequence
@@ -93,7 +94,7 @@ class DecodeInputs:
     def to(self, device: torch.device) -> DecodeInputs:
         """A copy on `device` (pinned host memory makes the copy asynchronous)."""
         return DecodeInputs(
-            **{f.name: getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)}
+            **{f.name: to_device(getattr(self, f.name), device) for f in fields(self)}
         )
 
 
@@ -187,13 +188,13 @@ class SamplingInputs:
         """Write these rows into the first S rows of `inputs`' sampling fields."""
         n = self.seeds.shape[0]
         for f in fields(self):
-            getattr(inputs, f.name)[:n].copy_(getattr(self, f.name), non_blocking=True)
+            copy_to_device_(getattr(inputs, f.name)[:n], getattr(self, f.name))
 
     def to(self, device: torch.device) -> tuple[BatchSampling, Tensor]:
         """The device `BatchSampling` and windows (copied without synchronising)."""
 
         def dev(t: Tensor) -> Tensor:
-            return t.to(device, non_blocking=True)
+            return to_device(t, device)
 
         sampling = BatchSampling(
             dev(self.temperature),

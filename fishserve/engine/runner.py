@@ -26,6 +26,7 @@ from fishserve.engine.decode_step import (
 )
 from fishserve.engine.frame import sample_frame
 from fishserve.engine.graph_decoder import CudaGraphDecoder, DecodeLaunch
+from fishserve.engine.host_copy import PinnedDownload, to_device
 from fishserve.engine.kv_cache import PagedKVCache
 from fishserve.engine.paged_attention import AttentionMetadata, TorchPagedAttention
 from fishserve.engine.scheduler import ScheduledBatch
@@ -80,7 +81,7 @@ class StepInputs:
 
 def _to(t: Tensor, device: torch.device) -> Tensor:
     """Copy a host tensor to `device` without waiting for the device's queued work."""
-    return t.to(device, non_blocking=True)
+    return to_device(t, device)
 
 
 def build_inputs(batch: ScheduledBatch, block_size: int, device: torch.device) -> StepInputs:
@@ -206,6 +207,9 @@ class ModelRunner:
         )
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))  # start-up work
+        # Frames reach the host through pinned memory: a pageable copy blocked the decoder
+        # thread's CUDA calls while it waited for the step (`fishserve.engine.host_copy`).
+        self._frames_down = PinnedDownload(self.device)
 
     @property
     def num_captures(self) -> int:
@@ -259,9 +263,8 @@ class ModelRunner:
             outputs.append(self._sample_prefill(prefill))
         return self._finish(outputs)
 
-    @staticmethod
     def _finish(
-        outputs: list[tuple[list[Sequence], Tensor]],
+        self, outputs: list[tuple[list[Sequence], Tensor]]
     ) -> list[tuple[Sequence, np.ndarray]]:
         """One device-to-host copy of every sampled frame; (sequence, frame) pairs.
 
@@ -270,7 +273,7 @@ class ModelRunner:
         """
         if not outputs:
             return []
-        frames = torch.cat([f for _, f in outputs]).cpu().numpy()
+        frames = self._frames_down.download(torch.cat([f for _, f in outputs]))
         seqs = [seq for group, _ in outputs for seq in group]
         return list(zip(seqs, frames, strict=True))
 

@@ -89,6 +89,9 @@ class ServerConfig(BaseModel):
     # streams) or "turns" (one decoder call between steps, never at once); docs/benchmarks.md
     # §6.5: a step beside decoder calls lasts two to three of them.
     gpu_sharing: Literal["overlap", "turns"] = "overlap"
+    # Run the decoder on this many of the GPU's SMs (a CUDA green context), leaving the rest to
+    # the engine's kernels while it is busy; None: the decoder may use every SM.
+    decoder_sms: int | None = Field(None, ge=1)
     max_reference_seconds: float = Field(30.0, gt=0)
     # HTTP
     host: str = "127.0.0.1"

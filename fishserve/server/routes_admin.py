@@ -130,6 +130,7 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
     model["engine_process"] = runtime.restartable
     model["decoder_kernels"] = info.decoder_kernels
     model["gpu_sharing"] = info.gpu_sharing
+    model["decoder_sms"] = info.decoder_sms
     report = {
         "status": status,
         "loaded": True,

@@ -59,6 +59,7 @@ class RuntimeInfo:
         decoder_kernels: the GPU decoder head's kernels in use, ``triton`` or ``torch``.
         gpu_sharing: ``overlap`` or ``turns`` (how engine steps and decoder calls share the
             GPU; `ServerConfig.gpu_sharing`).
+        decoder_sms: SMs of the decoder's partition (`ServerConfig.decoder_sms`); None: all.
     """
 
     sample_rate: int
@@ -69,6 +70,7 @@ class RuntimeInfo:
     block_size: int
     decoder_kernels: str = "torch"
     gpu_sharing: str = "overlap"
+    decoder_sms: int | None = None
 
 
 @dataclass
@@ -144,6 +146,7 @@ class Runtime:
     def info(self) -> RuntimeInfo:
         """The fixed facts the routes need (see `RuntimeInfo`)."""
         layout = self.engine.engine.cache.layout
+        partition = self.decode_worker.runner.partition
         return RuntimeInfo(
             sample_rate=self.sample_rate,
             max_seq_len=self.max_seq_len,
@@ -153,6 +156,7 @@ class Runtime:
             block_size=layout.block_size,
             decoder_kernels=self.decode_worker.runner.kernels,
             gpu_sharing="overlap" if self.decode_worker.gpu_turns is None else "turns",
+            decoder_sms=None if partition is None else partition.num_sms,
         )
 
     @property
@@ -255,6 +259,8 @@ def check_settings(config: ServerConfig) -> None:
     device = resolve_device(config.device)
     resolve_kernels(config.decoder_kernels, device, capability=False)  # no CUDA context here
     StepProfiler.from_env()  # bad profiler variables fail here, before anything loads
+    if config.decoder_sms is not None and device.type != "cuda":
+        raise ValueError(f"decoder_sms needs a CUDA device, but the device is {device}")
     if config.dummy_logits != "flat" and not config.random_weights:
         raise ValueError("dummy_logits applies to random weights only (--load-format dummy)")
     if config.gpu_memory_budget is not None:
@@ -377,6 +383,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
                 use_graphs=not config.enforce_eager,
                 compile=config.decoder_compile,
                 kernels=config.decoder_kernels,
+                num_sms=config.decoder_sms,
             ),
             gpu_turns=turns,
         ),

@@ -16,6 +16,7 @@ from conftest import RecordingDecoder, random_codes
 from fishserve.audio.batching import DecodeJob, decode_batch
 from fishserve.audio.decoder_runner import DecoderRunner, frame_buckets_for
 from fishserve.audio.streaming import ChunkPolicy, StreamingDecoder
+from fishserve.engine.sm_partition import SMPartitionError, check_sm_count, device_sm_count
 from fishserve.models.firefly import FireflyConfig, FireflyGenerator
 
 TOL = 1e-5
@@ -119,3 +120,30 @@ def test_cuda_graph_runner_matches_eager(tiny_decoder: FireflyGenerator) -> None
         (alone,) = decode_batch(gpu, [job])
         assert np.abs(samples - alone).max() <= 1e-4  # TF32/cuDNN algorithms differ on GPU
     assert runner.busy_seconds > 0
+
+
+def test_sm_partition_needs_cuda(tiny_decoder: FireflyGenerator) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU's refusal")
+    with pytest.raises(SMPartitionError, match="needs a CUDA device"):
+        DecoderRunner(tiny_decoder, max_batch=2, frame_buckets=(16,), num_sms=8)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_runner_on_an_sm_partition_matches_the_full_gpu(
+    tiny_decoder: FireflyGenerator,
+) -> None:
+    """Graphs captured on a green context's stream decode the same audio."""
+    gpu = tiny_decoder.to("cuda")
+    total = device_sm_count(gpu.device)
+    try:
+        check_sm_count(total // 2, gpu.device)
+    except SMPartitionError as exc:
+        pytest.skip(str(exc))
+    full = DecoderRunner(gpu, max_batch=4, frame_buckets=(16, 72))
+    part = DecoderRunner(gpu, max_batch=4, frame_buckets=(16, 72), num_sms=total // 2)
+    assert part.partition is not None and part.stream is part.partition.stream
+    jobs = jobs_of_mixed_lengths(gpu.config.n_groups)
+    for a, b in zip(full.decode_jobs(jobs), part.decode_jobs(jobs), strict=True):
+        assert a.shape == b.shape and np.abs(a - b).max() <= 1e-4
+    assert part.busy_seconds > 0

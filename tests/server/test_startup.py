@@ -79,6 +79,11 @@ TRITON_ON_CPU = pytest.param(
         ([*TINY, "--decoder-kernels", "cudnn"], "decoder_kernels = 'cudnn'"),
         ([*TINY, "--dummy-logits", "peaked"], "dummy_logits applies to random weights only"),
         TRITON_ON_CPU,
+        (
+            [*TINY, "--device", "cpu", "--decoder-sms", "8"],
+            "decoder_sms needs a CUDA device, but the device is cpu",
+        ),
+        ([*TINY, "--decoder-sms", "0"], "decoder_sms = 0 (from --decoder-sms)"),
     ],
 )
 def test_bad_settings_give_one_line_and_exit_2(serve, args, message, monkeypatch):
