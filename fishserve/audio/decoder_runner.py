@@ -96,11 +96,13 @@ def resolve_kernels(kernels: str, device: torch.device, capability: bool = True)
 
 
 def frame_buckets_for(policy: ChunkPolicy, config: FireflyConfig) -> tuple[int, ...]:
-    """Frame lengths of the jobs `policy`'s chunk schedule produces, rounded up to 8.
+    """Every multiple of 8 from the shortest to the longest job of `policy`'s chunk schedule.
 
     A stream's jobs are its first chunk (no context yet), then ``context + chunk`` frames for
-    each growing chunk size up to ``chunk_frames``; a final, shorter chunk fits the same buckets.
-    The default policy with the released decoder gives (16, 32, 56, 80).
+    each growing chunk size up to ``chunk_frames``; but a last chunk and the early chunks of a
+    client about to run dry (`server.pipeline`) can have any length in between, and a call pads
+    every job to its bucket, so every multiple of 8 gets one. The default policy with the
+    released decoder gives (16, 24, ..., 80): 9 buckets.
     """
     context = policy.context_frames(config)
     sizes, chunk = {policy.first_chunk_frames}, policy.first_chunk_frames
@@ -111,7 +113,20 @@ def frame_buckets_for(policy: ChunkPolicy, config: FireflyConfig) -> tuple[int, 
             break
         chunk = nxt
     sizes.add(policy.max_decode_frames(config))
-    return tuple(sorted({math.ceil(s / FRAME_ALIGN) * FRAME_ALIGN for s in sizes}))
+    low, high = (math.ceil(s / FRAME_ALIGN) for s in (min(sizes), max(sizes)))
+    return tuple(FRAME_ALIGN * k for k in range(low, high + 1))
+
+
+# Decoder calls of up to this many jobs are captured at every batch size, not just powers of
+# two: a call of 5 jobs would otherwise run (and cost) 8.
+EXACT_BATCH_BUCKETS = 8
+
+
+def decoder_batch_buckets(max_batch: int) -> list[int]:
+    """Captured batch sizes of the decoder: 1 to `EXACT_BATCH_BUCKETS` each, then powers of
+    two, then `max_batch`."""
+    exact = list(range(1, min(max_batch, EXACT_BATCH_BUCKETS) + 1))
+    return exact + [b for b in graph_buckets(max_batch) if b > exact[-1]]
 
 
 def _decode(
@@ -187,7 +202,7 @@ class DecoderRunner:
             channels_last=channels_last,
             head=head,
         )
-        self.batch_buckets = graph_buckets(max_batch)
+        self.batch_buckets = decoder_batch_buckets(max_batch)
         self.frame_buckets = tuple(sorted(frame_buckets))
         self.partition: SMPartition | None = None
         if num_sms is not None:
@@ -209,6 +224,10 @@ class DecoderRunner:
     def max_batch(self) -> int:
         """Most jobs per call."""
         return self.batch_buckets[-1]
+
+    def frame_bucket(self, frames: int) -> int:
+        """Frames a job of `frames` runs as: the next frame bucket (`frames` past the last)."""
+        return next((size for size in self.frame_buckets if size >= frames), frames)
 
     @property
     def num_captures(self) -> int:
@@ -247,7 +266,7 @@ class DecoderRunner:
         """`decode_padded`, but on CUDA a view of a pinned buffer the next call overwrites."""
         b, groups, frames = codes.shape
         bb = next(size for size in self.batch_buckets if size >= b)
-        fb = next((size for size in self.frame_buckets if size >= frames), frames)
+        fb = self.frame_bucket(frames)
         if self.pad:
             padded = np.zeros((bb, groups, fb), dtype=np.int64)
             padded[:b, :, :frames] = codes

@@ -2,7 +2,9 @@
 
 Requests hand their ready chunks (`DecodeJob`s) to one worker with a deadline: the moment the
 stream's client would run out of audio (for a first chunk: now). The worker takes the queued
-jobs with the earliest deadlines (up to `max_batch`) and decodes them in one call of the
+job with the earliest deadline and, up to `max_batch`, the next earliest that fit its frame
+bucket (a call pads every job to its longest, so a short first chunk beside long chunks would
+cost as much as they do), and decodes them in one call of the
 `DecoderRunner` (fixed shapes, CUDA graphs, its own CUDA stream), so concurrent streams share
 decoder calls, first chunks (time to first audio) and streams about to stall go first, and
 decoder calls overlap the engine's steps on the GPU. Decoder memory is bounded by `max_batch`
@@ -138,8 +140,7 @@ class DecodeWorker:
                 continue
             with self._turn():
                 stopping = self._drain() or stopping  # what arrived during the wait competes too
-                n = min(self.max_batch, len(self._heap))
-                self._run([heapq.heappop(self._heap) for _ in range(n)])
+                self._run(self._take_batch())
 
     def _turn(self) -> AbstractContextManager[object]:
         return nullcontext() if self.gpu_turns is None else self.gpu_turns.turn("decoder")
@@ -150,6 +151,19 @@ class DecodeWorker:
         while not self._inbox.empty():
             stopping = self._take(self._inbox.get_nowait()) or stopping
         return stopping
+
+    def _take_batch(self) -> list[_Item]:
+        """Pop the earliest job and, up to `max_batch`, the next earliest that fit its frame
+        bucket; the others stay queued."""
+        first = heapq.heappop(self._heap)
+        bucket = self.runner.frame_bucket(first[2].total_frames)
+        batch, skipped = [first], []
+        while self._heap and len(batch) < self.max_batch:
+            item = heapq.heappop(self._heap)
+            (batch if item[2].total_frames <= bucket else skipped).append(item)
+        for item in skipped:
+            heapq.heappush(self._heap, item)
+        return batch
 
     def _take(self, item: _Item | None) -> bool:
         """Add an inbox item to the heap; True for the stop sentinel."""

@@ -14,7 +14,11 @@ import torch
 from conftest import RecordingDecoder, random_codes
 
 from fishserve.audio.batching import DecodeJob, decode_batch
-from fishserve.audio.decoder_runner import DecoderRunner, frame_buckets_for
+from fishserve.audio.decoder_runner import (
+    DecoderRunner,
+    decoder_batch_buckets,
+    frame_buckets_for,
+)
 from fishserve.audio.streaming import ChunkPolicy, StreamingDecoder
 from fishserve.engine.sm_partition import SMPartitionError, check_sm_count, device_sm_count
 from fishserve.models.firefly import FireflyConfig, FireflyGenerator
@@ -23,8 +27,15 @@ TOL = 1e-5
 
 
 def test_released_buckets_match_the_default_schedule() -> None:
-    # first chunk 10, then 10 + 20, 15 + 40, 15 + 64 frames (rounded up to multiples of 8)
-    assert frame_buckets_for(ChunkPolicy(), FireflyConfig.released()) == (16, 32, 56, 80)
+    # first chunk 10 frames (16) up to 15 + 64 (80): every multiple of 8 in between
+    buckets = frame_buckets_for(ChunkPolicy(), FireflyConfig.released())
+    assert buckets == (16, 24, 32, 40, 48, 56, 64, 72, 80)
+
+
+def test_decoder_batch_buckets_are_exact_up_to_eight() -> None:
+    assert decoder_batch_buckets(1) == [1]
+    assert decoder_batch_buckets(6) == [1, 2, 3, 4, 5, 6]
+    assert decoder_batch_buckets(48) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 48]
 
 
 @pytest.mark.parametrize(
@@ -71,12 +82,14 @@ def test_padded_calls_equal_decoding_alone(tiny_decoder: FireflyGenerator) -> No
         assert np.abs(samples - alone).max() <= TOL
 
 
-def test_batch_is_padded_to_a_power_of_two(tiny_decoder: FireflyGenerator) -> None:
+def test_batch_is_padded_to_its_bucket(tiny_decoder: FireflyGenerator) -> None:
     recorder = RecordingDecoder(tiny_decoder)
-    runner = DecoderRunner(recorder, max_batch=8, frame_buckets=(80,), pad=True)
-    jobs = jobs_of_mixed_lengths(tiny_decoder.config.n_groups)[:3]
-    runner.decode_jobs(jobs)
-    assert recorder.calls == [(4, tiny_decoder.config.n_groups, 80)]
+    runner = DecoderRunner(recorder, max_batch=32, frame_buckets=(80,), pad=True)
+    jobs = jobs_of_mixed_lengths(tiny_decoder.config.n_groups)
+    runner.decode_jobs(jobs[:3])  # exact up to 8 jobs
+    runner.decode_jobs(jobs * 2)  # 10 jobs: the next power of two
+    groups = tiny_decoder.config.n_groups
+    assert recorder.calls == [(3, groups, 80), (16, groups, 80)]
 
 
 def test_job_longer_than_every_bucket_runs_unpadded(tiny_decoder: FireflyGenerator) -> None:
@@ -113,7 +126,7 @@ def test_channels_last_head_equals_conv1d_head(tiny_decoder: FireflyGenerator) -
 def test_cuda_graph_runner_matches_eager(tiny_decoder: FireflyGenerator) -> None:
     gpu = tiny_decoder.to("cuda")
     runner = DecoderRunner(gpu, max_batch=4, frame_buckets=(16, 72))
-    assert runner.num_captures == 3 * 2 and runner.stream is not None
+    assert runner.num_captures == 4 * 2 and runner.stream is not None
     jobs = jobs_of_mixed_lengths(gpu.config.n_groups)
     audio = runner.decode_jobs(jobs)
     for job, samples in zip(jobs, audio, strict=True):

@@ -26,6 +26,9 @@ class GatedRunner:
         self.fail_tag = fail_tag
         self.frames_decoded = 0
 
+    def frame_bucket(self, frames: int) -> int:
+        return -(-frames // 8) * 8
+
     def decode_jobs(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
         tags = [int(job.codes[0, 0]) for job in jobs]
         self.calls.append(tags)
@@ -38,8 +41,8 @@ class GatedRunner:
         return [np.full(job.new_frames, tag, dtype=np.float32) for job, tag in pairs]
 
 
-def job(tag: int) -> DecodeJob:
-    return DecodeJob(np.full((2, 3), tag, dtype=np.int64), context_frames=1)
+def job(tag: int, frames: int = 3) -> DecodeJob:
+    return DecodeJob(np.full((2, frames), tag, dtype=np.int64), context_frames=1)
 
 
 def test_queued_jobs_run_earliest_deadline_first_in_batches() -> None:
@@ -55,6 +58,22 @@ def test_queued_jobs_run_earliest_deadline_first_in_batches() -> None:
     assert {tag: f.result(5)[0] for tag, f in futures.items()} == {1: 1, 2: 2, 3: 3, 4: 4}
     worker.shutdown()
     assert runner.calls == [[0], [2, 4], [3, 1]]
+
+
+def test_a_call_takes_only_jobs_that_fit_the_earliest_jobs_frame_bucket() -> None:
+    """Short first chunks are not padded to a long chunk's length: they go together."""
+    runner = GatedRunner(max_batch=4)
+    worker = DecodeWorker(runner)  # type: ignore[arg-type]
+    worker.start()
+    worker.submit(job(0))
+    assert runner.entered.wait(5)
+    lengths = {1: 10, 2: 79, 3: 12, 4: 70, 5: 16}  # buckets 16, 80, 16, 72, 16
+    deadlines = {1: 10.0, 2: 20.0, 3: 30.0, 4: 40.0, 5: 50.0}
+    futures = [worker.submit(job(t, lengths[t]), deadline=deadlines[t]) for t in lengths]
+    runner.gate.set()
+    assert [len(f.result(5)) for f in futures] == [n - 1 for n in lengths.values()]
+    worker.shutdown()
+    assert runner.calls == [[0], [1, 3, 5], [2, 4]]
 
 
 def test_a_failed_call_fails_its_jobs_only() -> None:
