@@ -29,8 +29,9 @@ class SMPartitionError(ValueError):
 class SMPartition:
     """A green context of `num_sms` SMs and a CUDA stream that runs on them.
 
-    Keep the object alive as long as the stream is used: the green context is destroyed with
-    it.
+    One per device and size for the whole process (`make_partition` keeps them): destroying a
+    green context while CUDA graphs, events or buffers used on its stream still exist aborts
+    the process (seen on an H200, PyTorch 2.11), so it is destroyed only at exit.
 
     Attributes:
         num_sms: SMs requested (the driver may round up to its granularity).
@@ -68,8 +69,13 @@ def check_sm_count(num_sms: int, device: torch.device) -> None:
         raise SMPartitionError(f"decoder_sms must be between 1 and {total - 1} on {device}")
 
 
+# Partitions made so far, by (device index, SMs): kept until the process exits.
+_PARTITIONS: dict[tuple[int, int], SMPartition] = {}
+
+
 def make_partition(device: torch.device, num_sms: int) -> SMPartition:
-    """A green context of `num_sms` SMs on `device` and a stream of it.
+    """The green context of `num_sms` SMs on `device` and a stream of it (made on the first
+    call, the same one after: see `SMPartition`).
 
     Raises:
         SMPartitionError: see `check_sm_count`; also when the driver refuses the context (too
@@ -79,13 +85,17 @@ def make_partition(device: torch.device, num_sms: int) -> SMPartition:
     from torch.cuda.green_contexts import GreenContext
 
     index = device.index if device.index is not None else torch.cuda.current_device()
+    if (index, num_sms) in _PARTITIONS:
+        return _PARTITIONS[(index, num_sms)]
     try:
         context = GreenContext.create(num_sms=num_sms, device_id=index)
     except RuntimeError as exc:
         raise SMPartitionError(f"cannot create a green context of {num_sms} SMs: {exc}") from exc
     if not hasattr(context, "Stream"):
         raise SMPartitionError("this PyTorch build's green contexts cannot make streams")
-    return SMPartition(num_sms, device_sm_count(device), context.Stream(), context)
+    partition = SMPartition(num_sms, device_sm_count(device), context.Stream(), context)
+    _PARTITIONS[(index, num_sms)] = partition
+    return partition
 
 
 def _green_contexts_supported() -> bool:
