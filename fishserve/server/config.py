@@ -77,10 +77,9 @@ class ServerConfig(BaseModel):
     # (at least half of first_chunk_frames), when the server is too slow to make all of them.
     first_chunk_deadline: float | None = Field(None, gt=0)
     chunk_frames: int = Field(64, ge=1)
-    # Small decoder calls: the decoder's long convolution kernels hold the SMs while each of an
-    # engine step's ~1,000 short kernels waits for one. H200, batch 512 engine steps: 33 ms
-    # alone, 274 ms beside decoder calls of 64 chunks, 144 ms with 16, 37 ms with 4 (and the
-    # decoder still decodes 11,900 of its 15,800 frames/s); docs/benchmarks.md §6.3.
+    # Small decoder calls when the decoder shares every SM with the engine: its long convolution
+    # kernels hold the SMs while an engine step's short kernels wait (docs/benchmarks.md §6.3).
+    # On its own SMs (decoder_sms) larger calls are better: 16 measured best (§6.7).
     max_decode_batch: int = Field(8, ge=1)
     decoder_compile: bool = False
     # HiFi-GAN head kernels on the GPU: fused channels-last Triton convolutions or cuDNN.
