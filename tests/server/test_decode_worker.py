@@ -45,6 +45,16 @@ def job(tag: int, frames: int = 3) -> DecodeJob:
     return DecodeJob(np.full((2, frames), tag, dtype=np.int64), context_frames=1)
 
 
+def busy_worker(max_batch: int, fail_tag: int | None = None) -> tuple[GatedRunner, DecodeWorker]:
+    """A started worker inside its first call (job 0), so that later submissions queue up."""
+    runner = GatedRunner(max_batch, fail_tag)
+    worker = DecodeWorker(runner)  # type: ignore[arg-type]
+    worker.start()
+    worker.submit(job(0))
+    assert runner.entered.wait(5)
+    return runner, worker
+
+
 def test_queued_jobs_run_earliest_deadline_first_in_batches() -> None:
     runner = GatedRunner(max_batch=2)
     worker = DecodeWorker(runner)  # type: ignore[arg-type]
@@ -62,11 +72,7 @@ def test_queued_jobs_run_earliest_deadline_first_in_batches() -> None:
 
 def test_a_call_takes_only_jobs_that_fit_the_earliest_jobs_frame_bucket() -> None:
     """Short first chunks are not padded to a long chunk's length: they go together."""
-    runner = GatedRunner(max_batch=4)
-    worker = DecodeWorker(runner)  # type: ignore[arg-type]
-    worker.start()
-    worker.submit(job(0))
-    assert runner.entered.wait(5)
+    runner, worker = busy_worker(max_batch=4)
     lengths = {1: 10, 2: 79, 3: 12, 4: 70, 5: 16}  # buckets 16, 80, 16, 72, 16
     deadlines = {1: 10.0, 2: 20.0, 3: 30.0, 4: 40.0, 5: 50.0}
     futures = [worker.submit(job(t, lengths[t]), deadline=deadlines[t]) for t in lengths]
@@ -89,11 +95,7 @@ def test_a_failed_call_fails_its_jobs_only() -> None:
 
 
 def test_a_bad_job_in_a_batch_fails_alone() -> None:
-    runner = GatedRunner(max_batch=4, fail_tag=5)
-    worker = DecodeWorker(runner)  # type: ignore[arg-type]
-    worker.start()
-    worker.submit(job(0))
-    assert runner.entered.wait(5)
+    runner, worker = busy_worker(max_batch=4, fail_tag=5)
     futures = {tag: worker.submit(job(tag)) for tag in (4, 5, 6)}  # one batch of three
     runner.gate.set()
     with pytest.raises(RuntimeError, match="exploded"):
@@ -104,11 +106,7 @@ def test_a_bad_job_in_a_batch_fails_alone() -> None:
 
 
 def test_cancelled_jobs_are_skipped() -> None:
-    runner = GatedRunner(max_batch=4)
-    worker = DecodeWorker(runner)  # type: ignore[arg-type]
-    worker.start()
-    worker.submit(job(0))
-    assert runner.entered.wait(5)
+    runner, worker = busy_worker(max_batch=4)
     dropped = worker.submit(job(1))
     kept = worker.submit(job(2))
     assert dropped.cancel()
