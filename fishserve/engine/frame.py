@@ -135,12 +135,25 @@ def sample_frame(
         semantic_begin_id for semantic tokens, else 0 (the reference clamps at 0 and would
         crash on ids past the last semantic token; we map those to 0 too).
     """
+    return sample_frame_counted(model, hidden, logits, params, windows, top_k_prefilter)[0]
+
+
+def sample_frame_counted(
+    model: DualARTransformer,
+    hidden: Tensor,
+    logits: Tensor,
+    params: BatchSampling,
+    windows: Tensor | None,
+    top_k_prefilter: int = 0,
+) -> tuple[Tensor, int]:
+    """`sample_frame`, and how many rows the top-k prefilter left to the full sort."""
     window = None if windows is None else windows[:, 0]
     token, exact = sample_token(logits, params, window, top_k_prefilter)
     rows = inexact_rows(exact)
     if rows is not None:
         resample_rows_(token, rows, logits[rows], params, window)
-    return sample_codebooks(model, hidden, token, params, windows)
+    frames = sample_codebooks(model, hidden, token, params, windows)
+    return frames, 0 if rows is None else int(rows.numel())
 
 
 def sample_codebooks(

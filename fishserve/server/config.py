@@ -115,6 +115,24 @@ class ServerConfig(BaseModel):
             return "on" if value else "off"
         return value
 
+    @field_validator(
+        "threads",
+        "num_kv_blocks",
+        "default_max_new_tokens",
+        "first_chunk_deadline",
+        "decoder_sms",
+        mode="before",
+    )
+    @classmethod
+    def _optional_number(cls, value: object) -> object:
+        """`none` (the README's word for unset) means unset; YAML's on/off/true/false are
+        refused (pydantic would read them as 1 and 0: `decoder_sms: on` as one SM)."""
+        if isinstance(value, str) and value.strip().lower() in ("none", "null"):
+            return None
+        if isinstance(value, bool):
+            raise ValueError("give a number (or none), not on/off or true/false")
+        return value
+
     @field_validator("max_num_batched_tokens")
     @classmethod
     def _covers_a_decode_step(cls, value: int, info: ValidationInfo) -> int:

@@ -154,12 +154,16 @@ class DecodeWorker:
 
     def _take_batch(self) -> list[_Item]:
         """Pop the earliest job and, up to `max_batch`, the next earliest that fit its frame
-        bucket; the others stay queued."""
-        first = heapq.heappop(self._heap)
-        bucket = self.runner.frame_bucket(first[2].total_frames)
-        batch, skipped = [first], []
+        bucket; the others stay queued, cancelled ones are dropped (maybe none is left)."""
+        batch: list[_Item] = []
+        skipped: list[_Item] = []
+        bucket = 0
         while self._heap and len(batch) < self.max_batch:
             item = heapq.heappop(self._heap)
+            if item[3].cancelled():
+                continue
+            if not batch:
+                bucket = self.runner.frame_bucket(item[2].total_frames)
             (batch if item[2].total_frames <= bucket else skipped).append(item)
         for item in skipped:
             heapq.heappush(self._heap, item)

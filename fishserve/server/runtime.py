@@ -18,7 +18,12 @@ from typing import Protocol
 
 import torch
 
-from fishserve.audio.decoder_runner import DecoderRunner, frame_buckets_for, resolve_kernels
+from fishserve.audio.decoder_runner import (
+    DecoderRunner,
+    decoder_batch_buckets,
+    frame_buckets_for,
+    resolve_kernels,
+)
 from fishserve.audio.references import ReferenceEncoder
 from fishserve.audio.streaming import ChunkPolicy
 from fishserve.engine.async_engine import AsyncEngine
@@ -238,12 +243,22 @@ def _critical(free: int, total: int) -> bool:
 DECODER_BYTES_PER_SAMPLE_PER_ELEM = 180
 
 
-def decoder_workspace_bytes(decoder: FireflyGenerator, policy: ChunkPolicy, max_batch: int) -> int:
-    """Decoder weights plus the activation peak of its largest batched call, in bytes."""
+def decoder_workspace_bytes(
+    decoder: FireflyGenerator, policy: ChunkPolicy, max_batch: int, graphs: bool = False
+) -> int:
+    """Decoder weights plus the activation peak of its largest batched call, in bytes; with
+    `graphs` (CUDA graphs captured per bucket, `DecoderRunner`) also the float32 output each
+    graph keeps: (batch x frames x frame_samples x 4) bytes per (batch, frames) bucket, 122 MiB
+    for the released decoder's 72 default buckets."""
+    config = decoder.config
     elem = torch.empty((), dtype=decoder.dtype).element_size()
-    samples = policy.max_decode_frames(decoder.config) * decoder.config.frame_samples
+    samples = policy.max_decode_frames(config) * config.frame_samples
     weights = sum(p.numel() * p.element_size() for p in decoder.parameters())
-    return weights + max_batch * samples * DECODER_BYTES_PER_SAMPLE_PER_ELEM * elem
+    total = weights + max_batch * samples * DECODER_BYTES_PER_SAMPLE_PER_ELEM * elem
+    if graphs:
+        frames = sum(frame_buckets_for(policy, config))
+        total += sum(decoder_batch_buckets(max_batch)) * frames * config.frame_samples * 4
+    return total
 
 
 def check_settings(config: ServerConfig) -> None:
@@ -363,7 +378,10 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
             num_kv_blocks=config.num_kv_blocks,
             enforce_eager=config.enforce_eager,
             decoder_workspace_bytes=decoder_workspace_bytes(
-                decoder, policy, config.max_decode_batch
+                decoder,
+                policy,
+                config.max_decode_batch,
+                graphs=device.type == "cuda" and not config.enforce_eager,
             ),
         ),
     )

@@ -6,6 +6,8 @@ flagged and resampled over the full vocabulary; either way the token equals `sam
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from conftest import make_engine, run_engine
@@ -199,18 +201,19 @@ def test_a_mass_within_rounding_of_top_p_goes_to_the_full_sort() -> None:
 def test_the_engine_counts_the_draws_the_prefilter_left_to_the_full_sort(
     tiny_model, tiny_tokenizer
 ) -> None:
-    """The tiny random model's logits are flat: the static path's prefilter over 8 ids leaves
-    its draws to the full sort, and the engine's stats count them; without a prefilter none."""
+    """The tiny random model's logits are flat: the prefilter over 8 ids leaves its draws to
+    the full sort, on the static path and on the general one (CPU's default), and the engine's
+    stats count them; without a prefilter none."""
     requests = [
         GenerationRequest("Hello there.", max_new_tokens=6, ignore_eos=True, request_id=f"r{i}")
         for i in range(3)
     ]
     counts = {}
-    for k in (0, 8):
-        engine = make_engine(tiny_model, tiny_tokenizer, static_decode=True, top_k_prefilter=k)
+    for static, k in itertools.product((True, False), (0, 8)):
+        engine = make_engine(tiny_model, tiny_tokenizer, static_decode=static, top_k_prefilter=k)
         results = run_engine(engine, requests)
         assert all(event.finish_reason == "length" for _, event in results.values())
         assert all(codes.shape[1] == 5 for codes, _ in results.values())  # 6 frames, 1st not audio
-        counts[k] = engine.stats().full_sort_rows
-    assert counts[0] == 0
-    assert counts[8] > 0
+        counts[static, k] = engine.stats().full_sort_rows
+    assert counts[True, 0] == counts[False, 0] == 0
+    assert counts[True, 8] > 0 and counts[False, 8] > 0

@@ -116,6 +116,18 @@ def test_cancelled_jobs_are_skipped() -> None:
     assert runner.calls == [[0], [2]]
 
 
+def test_a_cancelled_job_neither_takes_a_slot_nor_sets_the_bucket() -> None:
+    runner, worker = busy_worker(max_batch=2)
+    gone = worker.submit(job(9, 79), deadline=1.0)  # would set an 80-frame bucket
+    shorts = [worker.submit(job(t, 10), deadline=1.0 + t) for t in (1, 2)]
+    long = worker.submit(job(3, 70), deadline=4.0)
+    assert gone.cancel()
+    runner.gate.set()
+    assert [f.result(5)[0] for f in [*shorts, long]] == [1, 2, 3]
+    worker.shutdown()
+    assert runner.calls == [[0], [1, 2], [3]]
+
+
 def test_submissions_after_shutdown_fail_at_once() -> None:
     runner = GatedRunner(max_batch=2)
     runner.gate.set()

@@ -123,3 +123,21 @@ def test_a_step_must_hold_every_running_sequence():
     assert "must be >= max_num_seqs (128)" in str(info.value)
     ok = ServerConfig.load(None, {"max_num_seqs": 128, "max_num_batched_tokens": 128}, environ={})
     assert ok.max_num_batched_tokens == 128
+
+
+def test_optional_numbers_take_none_and_refuse_on_off(tmp_path):
+    """`none` means unset everywhere; YAML's `on` must not become 1 (one SM, one thread)."""
+    assert ServerConfig.load(environ={"FISHSERVE_DECODER_SMS": "none"}).decoder_sms is None
+    assert (
+        ServerConfig.load(
+            overrides={"first_chunk_deadline": "None"}, environ={}
+        ).first_chunk_deadline
+        is None
+    )
+    yaml_file = tmp_path / "serve.yaml"
+    yaml_file.write_text("decoder_sms: 96\nthreads: null\n")
+    assert ServerConfig.load(yaml_file, environ={}).decoder_sms == 96
+    for word in ("on", "true", "off"):
+        yaml_file.write_text(f"decoder_sms: {word}\n")
+        with pytest.raises(ValueError, match=r"decoder_sms = .*not on/off or true/false"):
+            ServerConfig.load(yaml_file, environ={})
