@@ -154,6 +154,7 @@ class BenchRun:
         summary.llm_busy, summary.decoder_busy = server.llm_busy, server.decoder_busy
         summary.steps_per_s, summary.frames_per_step = server.steps_per_s, server.frames_per_step
         summary.full_sort_share = server.full_sort_share
+        summary.decoder_frames_per_call = server.decoder_frames_per_call
         return summary, records
 
 

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 COUNTERS = {
     "decoder_frames": ("fishserve:decoder_frames_total", {}),
+    "decoder_calls": ("fishserve:decoder_calls_total", {}),
     "llm_busy_s": ("fishserve:gpu_busy_seconds_total", {"component": "llm"}),
     "decoder_busy_s": ("fishserve:gpu_busy_seconds_total", {"component": "decoder"}),
     "engine_steps": ("fishserve:engine_steps_total", {}),
@@ -37,6 +38,8 @@ class ServerRates:
             step, the mean decode batch.
         full_sort_share: the fraction of generated frames whose slow token the top-k
             prefilter left to the full sort (`fishserve:sampler_full_sort_rows_total`).
+        decoder_frames_per_call: new frames per batched decoder call (small calls pay the
+            call's fixed costs for few frames).
     """
 
     decoder_frames_per_s: float | None = None
@@ -45,6 +48,7 @@ class ServerRates:
     steps_per_s: float | None = None
     frames_per_step: float | None = None
     full_sort_share: float | None = None
+    decoder_frames_per_call: float | None = None
 
 
 def parse_counters(text: str) -> dict[str, float]:
@@ -80,6 +84,8 @@ def rates(before: dict[str, float], after: dict[str, float], seconds: float) -> 
     per_step = frames / steps if steps and frames is not None else None
     full_sort = rate("full_sort_rows")
     share = full_sort / frames if frames and full_sort is not None else None
+    decoded, calls = rate("decoder_frames"), rate("decoder_calls")
+    per_call = decoded / calls if calls and decoded is not None else None
     return ServerRates(
-        rate("decoder_frames"), rate("llm_busy_s"), rate("decoder_busy_s"), steps, per_step, share
+        decoded, rate("llm_busy_s"), rate("decoder_busy_s"), steps, per_step, share, per_call
     )

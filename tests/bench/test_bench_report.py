@@ -58,6 +58,8 @@ def test_server_rates_from_two_metrics_reads():
     def exposition(frames: float, steps: float, decoded: float, llm: float) -> str:
         return "\n".join(
             [
+                "# TYPE fishserve:decoder_calls_total counter",
+                f"fishserve:decoder_calls_total {decoded / 25}",
                 "# TYPE fishserve:sampler_full_sort_rows_total counter",
                 f"fishserve:sampler_full_sort_rows_total {frames / 10}",
                 "# TYPE fishserve:generation_frames_total counter",
@@ -77,6 +79,7 @@ def test_server_rates_from_two_metrics_reads():
     got = rates(before, after, seconds=2.0)
     assert got.steps_per_s == 25 and got.frames_per_step == 20  # 1,000 frames in 50 steps
     assert got.decoder_frames_per_s == 500 and got.llm_busy == 1.0
+    assert got.decoder_frames_per_call == 25  # 1,000 frames in 40 calls
     assert got.decoder_busy is None  # not exported by this server
     assert abs(got.full_sort_share - 0.1) < 1e-12  # 100 of 1,000 frames
     assert rates({}, after, 2.0).frames_per_step is None  # a server without the counters
