@@ -117,7 +117,7 @@ def sample_frame(
     params: BatchSampling,
     windows: Tensor | None,
     top_k_prefilter: int = 0,
-) -> Tensor:
+) -> tuple[Tensor, int]:
     """Sample one frame per row.
 
     Args:
@@ -131,22 +131,11 @@ def sample_frame(
             which synchronises with the device).
 
     Returns:
-        int64 (B, 1 + nc): [token, code_0, ..., code_{nc-1}]. code_0 = token -
-        semantic_begin_id for semantic tokens, else 0 (the reference clamps at 0 and would
-        crash on ids past the last semantic token; we map those to 0 too).
+        The frames, int64 (B, 1 + nc): [token, code_0, ..., code_{nc-1}] (code_0 = token -
+        semantic_begin_id for semantic tokens, else 0: the reference clamps at 0 and would
+        crash on ids past the last semantic token; we map those to 0 too), and how many rows
+        the top-k prefilter left to the full sort.
     """
-    return sample_frame_counted(model, hidden, logits, params, windows, top_k_prefilter)[0]
-
-
-def sample_frame_counted(
-    model: DualARTransformer,
-    hidden: Tensor,
-    logits: Tensor,
-    params: BatchSampling,
-    windows: Tensor | None,
-    top_k_prefilter: int = 0,
-) -> tuple[Tensor, int]:
-    """`sample_frame`, and how many rows the top-k prefilter left to the full sort."""
     window = None if windows is None else windows[:, 0]
     token, exact = sample_token(logits, params, window, top_k_prefilter)
     rows = inexact_rows(exact)

@@ -107,7 +107,7 @@ def generate(
     hidden = model.forward_slow(
         model.embed(prompt[None]), torch.arange(t, device=device), cache.at(0)
     )[:, -1]
-    frame = sample_frame(model, hidden, model.slow_logits(hidden), sampling, None)
+    frame, _ = sample_frame(model, hidden, model.slow_logits(hidden), sampling, None)
     frames = [frame[0]]
     history = torch.zeros(
         1 + c.num_codebooks, max(budget, REPETITION_WINDOW), dtype=torch.int64, device=device
@@ -118,7 +118,7 @@ def generate(
         hidden = model.forward_slow(x, torch.tensor([pos], device=device), cache.at(pos))[:, -1]
         sampling.frames += 1
         windows = repetition_window(history, step)[None]
-        frame = sample_frame(model, hidden, model.slow_logits(hidden), sampling, windows)
+        frame, _ = sample_frame(model, hidden, model.slow_logits(hidden), sampling, windows)
         history[:, step] = frame[0]
         frames.append(frame[0])
         if int(frame[0, 0]) == im_end_id:

@@ -24,7 +24,7 @@ from fishserve.engine.decode_step import (
     decode_step_token,
     resample_inexact_,
 )
-from fishserve.engine.frame import sample_frame_counted
+from fishserve.engine.frame import sample_frame
 from fishserve.engine.graph_decoder import CudaGraphDecoder, DecodeLaunch
 from fishserve.engine.host_copy import PinnedDownload, to_device
 from fishserve.engine.kv_cache import PagedKVCache
@@ -295,9 +295,7 @@ class ModelRunner:
         sampling, windows = build_sampling_inputs(prefill.samplers).to(self.device)
         model, last = self.model, prefill.hidden
         logits = model.slow_logits(last)
-        frames, redone = sample_frame_counted(
-            model, last, logits, sampling, windows, self.top_k_prefilter
-        )
+        frames, redone = sample_frame(model, last, logits, sampling, windows, self.top_k_prefilter)
         self._eager_full_sort_rows += redone
         return [(prefill.samplers, frames)]
 

@@ -99,8 +99,9 @@ def test_sample_frame_with_prefilter_equals_full_sort(tiny_model) -> None:
     logits[[0, 3]] *= 0.02  # two flat rows go through the exact fallback
     windows = torch.randint(0, 1024, (8, 1 + c.num_codebooks, 16))
     with torch.inference_mode():
-        fast = sample_frame(tiny_model, hidden, logits, p, windows, top_k_prefilter=16)
-        full = sample_frame(tiny_model, hidden, logits, p, windows, top_k_prefilter=0)
+        fast, _ = sample_frame(tiny_model, hidden, logits, p, windows, top_k_prefilter=16)
+        full, none = sample_frame(tiny_model, hidden, logits, p, windows, top_k_prefilter=0)
+        assert none == 0  # no prefilter: nothing left to the full sort
     assert torch.equal(fast, full)
 
 
