@@ -42,7 +42,7 @@ from torch import Tensor
 
 from fishserve.engine.busy_timer import BusyTimer
 from fishserve.engine.graph_decoder import graph_buckets
-from fishserve.engine.host_copy import PinnedDownload, PinnedUpload
+from fishserve.engine.host_copy import PinnedDownload, copy_to_device_, to_device
 from fishserve.engine.sm_partition import SMPartition, make_partition
 from fishserve.models.firefly import FireflyConfig, FireflyGenerator
 from fishserve.models.firefly.triton_head import TritonHead, triton_head_available
@@ -210,7 +210,6 @@ class DecoderRunner:
         self.stream = self._make_stream() if cuda else None
         # Pinned copies: a pageable copy here blocked the engine thread's CUDA calls until the
         # whole decoder call had run (`fishserve.engine.host_copy`).
-        self._codes_up, self._lengths_up = PinnedUpload(self.device), PinnedUpload(self.device)
         self._audio_down = PinnedDownload(self.device)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor, Tensor, Tensor]]
         self.graphs = {}
@@ -280,8 +279,8 @@ class DecoderRunner:
             graph = self.graphs.get((bb, fb)) if self.use_graphs else None
             if graph is not None:
                 _, codes_in, lengths_in, wave = graph
-                self._codes_up.upload(codes_in, codes)
-                self._lengths_up.upload(lengths_in, lengths)
+                copy_to_device_(codes_in, torch.from_numpy(codes))
+                copy_to_device_(lengths_in, torch.from_numpy(lengths))
                 graph[0].replay()
             else:
                 wave = self._eager(codes, lengths)
@@ -305,10 +304,8 @@ class DecoderRunner:
         return self.partition.stream
 
     def _eager(self, codes: np.ndarray, lengths: np.ndarray) -> Tensor:
-        codes_t = torch.empty(codes.shape, dtype=torch.int64, device=self.device)
-        lengths_t = torch.empty(lengths.shape, dtype=torch.int64, device=self.device)
-        self._codes_up.upload(codes_t, codes)
-        self._lengths_up.upload(lengths_t, lengths)
+        codes_t = to_device(torch.from_numpy(codes), self.device)
+        lengths_t = to_device(torch.from_numpy(lengths), self.device)
         with torch.inference_mode():
             if self.device.type == "cuda":
                 return self._forward(codes_t, lengths_t, self.decoder)

@@ -9,10 +9,9 @@ its own, and 18 ms beside the same calls without the copies. With pinned memory 
 queued like a kernel (``non_blocking``) and the thread waits on a CUDA event, which blocks only
 itself.
 
-Contract: `PinnedUpload.upload` reuses its buffer, so the previous upload must have run before
-the next one: one `PinnedUpload` per array uploaded in a call, and a wait for the stream
-between calls (callers end each call with a `PinnedDownload.download`, which waits). On the
-CPU both are plain copies.
+Downloads reuse one pinned buffer per `PinnedDownload` (the copy is waited for before it is
+read); uploads (`to_device`, `copy_to_device_`) take pinned blocks from PyTorch's caching host
+allocator, which keeps each until its copy has run. On the CPU all are plain copies.
 """
 
 from __future__ import annotations
@@ -22,33 +21,21 @@ import torch
 from torch import Tensor
 
 
-class _PinnedBuffer:
-    """A pinned host byte buffer that grows to the largest request (growing allocates pinned
-    memory, which synchronises the device: size it at start-up)."""
-
-    def __init__(self, nbytes: int) -> None:
-        self._bytes = torch.empty(max(1, nbytes), dtype=torch.uint8, pin_memory=True)
-
-    def view(self, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-        """A pinned tensor of `shape` and `dtype` over the buffer's first bytes."""
-        nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
-        if nbytes > self._bytes.numel():
-            self._bytes = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-        return self._bytes[:nbytes].view(dtype).view(shape)
-
-
 class PinnedDownload:
     """Device-to-host copies into a reusable pinned buffer (see module docstring).
 
     Args:
         device: where the tensors to copy live; on the CPU `download` is a plain copy.
-        nbytes: initial buffer size in bytes (it grows to the largest copy).
+        nbytes: initial buffer size in bytes (it grows to the largest copy; growing allocates
+            pinned memory, which synchronises the device).
     """
 
     def __init__(self, device: torch.device, nbytes: int = 1 << 20) -> None:
-        self.cuda = device.type == "cuda"
-        self._buffer = _PinnedBuffer(nbytes) if self.cuda else None
-        self._event = torch.cuda.Event() if self.cuda else None
+        cuda = device.type == "cuda"
+        self._bytes = (
+            torch.empty(max(1, nbytes), dtype=torch.uint8, pin_memory=True) if cuda else None
+        )
+        self._event = torch.cuda.Event() if cuda else None
 
     def download(self, tensor: Tensor) -> np.ndarray:
         """`tensor` (contiguous, a NumPy-compatible dtype) as a NumPy array of its own.
@@ -61,38 +48,16 @@ class PinnedDownload:
     def download_view(self, tensor: Tensor) -> np.ndarray:
         """Like `download`, but on CUDA the array is a view of the pinned buffer, valid
         until the next download (no host copy)."""
-        if self._buffer is None or self._event is None:
+        if self._bytes is None or self._event is None:
             return tensor.detach().numpy()
-        host = self._buffer.view(tuple(tensor.shape), tensor.dtype)
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes > self._bytes.numel():
+            self._bytes = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        host = self._bytes[:nbytes].view(tensor.dtype).view(tensor.shape)
         host.copy_(tensor, non_blocking=True)
         self._event.record()
         self._event.synchronize()
         return host.numpy()
-
-
-class PinnedUpload:
-    """Host-to-device copies through a reusable pinned buffer (see module docstring).
-
-    Args:
-        device: the destination device; on the CPU `upload` is a plain copy.
-        nbytes: initial buffer size in bytes (it grows to the largest copy).
-    """
-
-    def __init__(self, device: torch.device, nbytes: int = 1 << 20) -> None:
-        self._buffer = _PinnedBuffer(nbytes) if device.type == "cuda" else None
-
-    def upload(self, dst: Tensor, array: np.ndarray) -> None:
-        """Queue ``dst.copy_(array)`` on the current stream (`array` of `dst`'s shape).
-
-        The buffer is reused: the stream must have run this copy before the next `upload`.
-        """
-        source = torch.from_numpy(np.ascontiguousarray(array))
-        if self._buffer is None:
-            dst.copy_(source)
-            return
-        host = self._buffer.view(tuple(source.shape), source.dtype)
-        host.copy_(source)
-        dst.copy_(host, non_blocking=True)
 
 
 def to_device(tensor: Tensor, device: torch.device) -> Tensor:
