@@ -171,7 +171,8 @@ class DecoderRunner:
         kernels: the head's kernels in use, ``"triton"`` or ``"torch"``.
         num_captures: CUDA graphs captured (0 on CPU or with ``use_graphs=False``).
         busy_seconds: decoder time on its stream, measured with CUDA events (wall time on CPU).
-        calls, frames_decoded: calls made and new frames decoded (for metrics).
+        calls, frames_decoded, jobs_decoded: calls made, new frames decoded and jobs (audio
+            chunks) decoded (for metrics).
     """
 
     def __init__(
@@ -216,6 +217,7 @@ class DecoderRunner:
         self.busy = BusyTimer(self.device)
         self.calls = 0
         self.frames_decoded = 0
+        self.jobs_decoded = 0
         if self.use_graphs:
             self._capture_all()
 
@@ -252,6 +254,7 @@ class DecoderRunner:
             out += split_samples(samples, part, self.config.frame_samples)
             self.calls += 1
             self.frames_decoded += sum(job.new_frames for job in part)
+            self.jobs_decoded += len(part)
         return out
 
     def decode_padded(self, codes: np.ndarray, lengths: np.ndarray) -> np.ndarray:

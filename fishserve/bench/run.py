@@ -155,6 +155,7 @@ class BenchRun:
         summary.steps_per_s, summary.frames_per_step = server.steps_per_s, server.frames_per_step
         summary.full_sort_share = server.full_sort_share
         summary.decoder_frames_per_call = server.decoder_frames_per_call
+        summary.decoder_frames_per_job = server.decoder_frames_per_job
         return summary, records
 
 

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 COUNTERS = {
     "decoder_frames": ("fishserve:decoder_frames_total", {}),
     "decoder_calls": ("fishserve:decoder_calls_total", {}),
+    "decoder_jobs": ("fishserve:decoder_jobs_total", {}),
     "llm_busy_s": ("fishserve:gpu_busy_seconds_total", {"component": "llm"}),
     "decoder_busy_s": ("fishserve:gpu_busy_seconds_total", {"component": "decoder"}),
     "engine_steps": ("fishserve:engine_steps_total", {}),
@@ -40,6 +41,8 @@ class ServerRates:
             prefilter left to the full sort (`fishserve:sampler_full_sort_rows_total`).
         decoder_frames_per_call: new frames per batched decoder call (small calls pay the
             call's fixed costs for few frames).
+        decoder_frames_per_job: new frames per audio chunk (each chunk also decodes the
+            left context again, ~15 frames, so short chunks cost the decoder most).
     """
 
     decoder_frames_per_s: float | None = None
@@ -49,6 +52,7 @@ class ServerRates:
     frames_per_step: float | None = None
     full_sort_share: float | None = None
     decoder_frames_per_call: float | None = None
+    decoder_frames_per_job: float | None = None
 
 
 def parse_counters(text: str) -> dict[str, float]:
@@ -86,6 +90,15 @@ def rates(before: dict[str, float], after: dict[str, float], seconds: float) -> 
     share = full_sort / frames if frames and full_sort is not None else None
     decoded, calls = rate("decoder_frames"), rate("decoder_calls")
     per_call = decoded / calls if calls and decoded is not None else None
+    jobs = rate("decoder_jobs")
+    per_job = decoded / jobs if jobs and decoded is not None else None
     return ServerRates(
-        decoded, rate("llm_busy_s"), rate("decoder_busy_s"), steps, per_step, share, per_call
+        decoded,
+        rate("llm_busy_s"),
+        rate("decoder_busy_s"),
+        steps,
+        per_step,
+        share,
+        per_call,
+        per_job,
     )

@@ -136,8 +136,24 @@ def serve(
     chunk_frames: Annotated[
         int | None, _setting("chunk_frames", "Frames per later audio chunk.")
     ] = None,
+    early_chunk_margin: Annotated[
+        float | None,
+        _setting(
+            "early_chunk_margin",
+            "Seconds before a playing client runs out of audio at which the frames generated "
+            "so far go out as a shorter chunk.",
+        ),
+    ] = None,
     max_decode_batch: Annotated[
         int | None, _setting("max_decode_batch", "Audio chunks decoded together at most.")
+    ] = None,
+    decoder_batch_wait: Annotated[
+        float | None,
+        _setting(
+            "decoder_batch_wait",
+            "Seconds a queued audio chunk may wait for others to share its decoder call "
+            "(chunks due within 0.15 s never wait); 0 = decode at once.",
+        ),
     ] = None,
     decoder_compile: Annotated[
         bool | None,

@@ -7,6 +7,7 @@ called from one thread (`AsyncEngine` runs it on its own thread for the server).
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -37,6 +38,9 @@ from fishserve.models.tokenizer import FishTokenizer
 
 log = logging.getLogger(__name__)
 MiB = 2**20
+# A step longer than this is logged as a warning (a step takes ~5-40 ms on a GPU; seconds
+# mean a stall: kernel compilation, memory pressure, the host).
+SLOW_STEP_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -338,6 +342,7 @@ class LLMEngine:
         if not batch:
             return []
         self.steps += 1
+        start = time.perf_counter()
         try:
             if self.gpu_turn is None:
                 results = self.runner.execute(batch)
@@ -348,6 +353,13 @@ class LLMEngine:
         except Exception as exc:  # a failed step fails its requests, not the engine
             log.exception("step failed for %d sequences", len(batch.items))
             return [self._fail(seq, f"generation failed: {exc}") for seq, _ in batch.items]
+        if (seconds := time.perf_counter() - start) > SLOW_STEP_S:
+            log.warning(
+                "slow engine step: %.2f s for %d sequences, %d positions",
+                seconds,
+                len(batch.items),
+                batch.num_tokens,
+            )
         events: list[EngineEvent] = []
         for seq, frame in results:
             events.extend(self._on_frame(seq, frame))

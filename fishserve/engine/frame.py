@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from fishserve.engine.host_copy import download, to_device
 from fishserve.engine.sampling import (
     exponential_noise,
     noise_counter,
@@ -84,11 +86,16 @@ def sample_token(
 
 
 def inexact_rows(exact: Tensor | None) -> Tensor | None:
-    """int64 (R,) rows the prefilter could not decide, or None (synchronises with the device)."""
+    """int64 (R,) rows the prefilter could not decide, or None (waits for the device).
+
+    The mask comes to the host through pinned memory and the rows go back the same way:
+    ``nonzero`` on the device would read its count through pageable memory, which blocks the
+    other threads' CUDA calls while it waits (`fishserve.engine.host_copy`).
+    """
     if exact is None:
         return None
-    rows = (~exact).nonzero()[:, 0]
-    return rows if rows.numel() else None
+    rows = np.flatnonzero(~download(exact))
+    return to_device(torch.from_numpy(rows), exact.device) if rows.size else None
 
 
 def resample_rows_(

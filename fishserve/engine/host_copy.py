@@ -16,6 +16,8 @@ allocator, which keeps each until its copy has run. On the CPU all are plain cop
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -58,6 +60,20 @@ class PinnedDownload:
         self._event.record()
         self._event.synchronize()
         return host.numpy()
+
+
+_THREAD = threading.local()
+
+
+def download(tensor: Tensor) -> np.ndarray:
+    """`tensor` as a NumPy array of its own, through a pinned buffer of the calling thread
+    for its device (a `PinnedDownload`; waits for the current stream's work up to the copy)."""
+    if tensor.device.type != "cuda":
+        return tensor.detach().numpy().copy()
+    buffers: dict[torch.device, PinnedDownload] = _THREAD.__dict__.setdefault("buffers", {})
+    if tensor.device not in buffers:
+        buffers[tensor.device] = PinnedDownload(tensor.device, nbytes=1 << 16)
+    return buffers[tensor.device].download(tensor)
 
 
 def to_device(tensor: Tensor, device: torch.device) -> Tensor:

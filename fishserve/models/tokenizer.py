@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -92,6 +93,13 @@ def _check_rank_range(ranks: dict[bytes, int], path: Path) -> None:
         raise ValueError(f"{path}: no tokens")
     if sorted(ranks.values()) != list(range(len(ranks))):
         raise ValueError(f"{path}: ranks must be exactly 0..{len(ranks) - 1} without repeats")
+
+
+# Every special token starts with "<|", so text without it is encoded the same with or without
+# them (`encode_ordinary`: ~15x faster than passing tiktoken the 1,036 allowed names per call).
+_SPECIALS_OPEN_WITH_BAR = all(name.startswith("<|") for name in SPECIAL_TOKENS)
+# Pieces with special tokens up to this many characters are encoded once and cached.
+_CACHED_CHARS = 64
 
 
 class FishTokenizer:
@@ -219,8 +227,19 @@ class FishTokenizer:
         ids: list[int] = []
         for start in range(0, len(text), MAX_ENCODE_CHARS):
             piece = text[start : start + MAX_ENCODE_CHARS]
+            if _SPECIALS_OPEN_WITH_BAR and "<|" not in piece:  # no special token can match
+                ids.extend(self._encoding.encode_ordinary(piece))
+                continue
+            if len(piece) <= _CACHED_CHARS:  # chat headers like "<|im_start|>user\n"
+                ids.extend(self._encode_cached(piece))
+                continue
             ids.extend(self._encoding.encode(piece, allowed_special="all", disallowed_special=()))
         return ids
+
+    @functools.lru_cache(maxsize=256)  # noqa: B019 (one tokenizer per model, kept for its life)
+    def _encode_cached(self, piece: str) -> tuple[int, ...]:
+        """Ids of a short piece with special tokens (the prompt's headers recur every request)."""
+        return tuple(self._encoding.encode(piece, allowed_special="all", disallowed_special=()))
 
     def decode(self, ids: Sequence[int]) -> str:
         """Decode ids to text (invalid UTF-8 replaced by U+FFFD); special tokens print by name.

@@ -77,10 +77,16 @@ class ServerConfig(BaseModel):
     # (at least half of first_chunk_frames), when the server is too slow to make all of them.
     first_chunk_deadline: float | None = Field(None, gt=0)
     chunk_frames: int = Field(64, ge=1)
+    # Seconds before a playing client runs out of audio at which the frames generated so far
+    # go out as a shorter chunk. Smaller: longer chunks, fewer decoder calls, more risk of a gap.
+    early_chunk_margin: float = Field(0.25, gt=0, le=5.0)
     # Small decoder calls when the decoder shares every SM with the engine: its long convolution
     # kernels hold the SMs while an engine step's short kernels wait (docs/benchmarks.md §6.3).
     # On its own SMs (decoder_sms) larger calls are better: 16 measured best (§6.7).
     max_decode_batch: int = Field(8, ge=1)
+    # Seconds a queued audio chunk may wait for others to share its decoder call (chunks due
+    # within 0.15 s never wait); 0: decode whatever is queued at once.
+    decoder_batch_wait: float = Field(0.0, ge=0, le=1.0)
     decoder_compile: bool = False
     # HiFi-GAN head kernels on the GPU: fused channels-last Triton convolutions or cuDNN.
     decoder_kernels: Literal["auto", "triton", "torch"] = "auto"

@@ -10,6 +10,14 @@ decoder calls, first chunks (time to first audio) and streams about to stall go 
 decoder calls overlap the engine's steps on the GPU. Decoder memory is bounded by `max_batch`
 chunks of bounded length (`ChunkPolicy.max_decode_frames`).
 
+Batch window (`batch_wait`): a call costs a fixed part plus a part per job, and under load jobs
+arrive a few milliseconds apart, so a worker that decodes whatever is queued makes calls of one
+or two jobs (docs/benchmarks.md §6.7: busy 80% of the time at a third of the partition's
+batched rate). With a window, queued jobs wait up to `batch_wait` seconds for others to share
+their call, unless the earliest one's client would run out of audio within `URGENT_S` (first
+chunks are due at once and never wait), or a full call is queued. This is the dynamic batcher's
+`max_queue_delay` of inference servers, bounded by each stream's playback deadline.
+
 Shutdown: jobs queued before `shutdown` are still decoded; a job submitted after it fails at
 once, and any job left over when the thread ends (or that never ran because the thread never
 started) fails with `DecoderStoppedError`, so no request waits forever for its audio.
@@ -33,7 +41,15 @@ from fishserve.audio.decoder_runner import DecoderRunner
 from fishserve.engine.gpu_turns import GpuTurns
 
 log = logging.getLogger(__name__)
-_Item = tuple[float, int, DecodeJob, "Future[np.ndarray]"]
+# (deadline, submission order, submitted at, job, its future); times in monotonic seconds.
+_Item = tuple[float, int, float, DecodeJob, "Future[np.ndarray]"]
+
+# A job whose client runs out of audio within this many seconds is never held for a fuller
+# call: it covers one decoder call under load and the queue before it (§6.7: calls of 16 jobs
+# take ~35 ms on 96 SMs beside the engine).
+URGENT_S = 0.15
+# A decoder call longer than this is logged as a warning (calls take ~2-40 ms on a GPU).
+SLOW_CALL_S = 1.0
 
 
 class DecoderStoppedError(RuntimeError):
@@ -48,11 +64,21 @@ class DecodeWorker:
         gpu_turns: take turns on the GPU with the engine's steps (`GpuTurns`, party
             "decoder"): each call waits for the running step and runs before the next one.
             None: calls run whenever jobs are queued, beside the steps.
+        batch_wait: seconds a queued job may wait for others to share its call (the batch
+            window, see the module docstring); 0: decode whatever is queued at once.
+
+    Raises:
+        ValueError: a negative `batch_wait`.
     """
 
-    def __init__(self, runner: DecoderRunner, gpu_turns: GpuTurns | None = None) -> None:
+    def __init__(
+        self, runner: DecoderRunner, gpu_turns: GpuTurns | None = None, batch_wait: float = 0.0
+    ) -> None:
+        if not batch_wait >= 0:
+            raise ValueError(f"batch_wait must be >= 0 seconds, got {batch_wait}")
         self.runner = runner
         self.gpu_turns = gpu_turns
+        self.batch_wait = batch_wait
         self.max_batch = runner.max_batch
         self._inbox: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._heap: list[_Item] = []
@@ -97,10 +123,11 @@ class DecodeWorker:
                 playback would run dry); ``None`` means now. Earlier deadlines decode first.
         """
         future: Future[np.ndarray] = Future()
-        when = time.monotonic() if deadline is None else deadline
+        now = time.monotonic()
+        when = now if deadline is None else deadline
         with self._submit_lock:
             if not self._stopped:
-                self._inbox.put((when, next(self._order), job, future))
+                self._inbox.put((when, next(self._order), now, job, future))
                 return future
         future.set_exception(DecoderStoppedError("the decoder thread is stopped"))
         return future
@@ -121,7 +148,7 @@ class DecodeWorker:
             item = self._inbox.get_nowait()
             if item is not None:
                 leftovers.append(item)
-        for _, _, _, future in leftovers:
+        for *_, future in leftovers:
             if future.set_running_or_notify_cancel():
                 future.set_exception(
                     DecoderStoppedError("the decoder thread stopped before decoding this chunk")
@@ -138,12 +165,34 @@ class DecodeWorker:
             if not self._heap:
                 stopping = self._drain() or stopping
                 continue
+            hold = None if stopping else self._hold_until()
+            if hold is not None:  # wait for more jobs to share the call, or for `hold`
+                stopping = self._wait_until(hold) or stopping
+                continue
             with self._turn():
                 stopping = self._drain() or stopping  # what arrived during the wait competes too
                 self._run(self._take_batch())
 
     def _turn(self) -> AbstractContextManager[object]:
         return nullcontext() if self.gpu_turns is None else self.gpu_turns.turn("decoder")
+
+    def _hold_until(self) -> float | None:
+        """Monotonic seconds until which the queued jobs wait for a fuller call, or None to
+        decode now: no window, a full call queued, or the earliest job urgent or held long
+        enough (`batch_wait` after the oldest queued job's submission)."""
+        if self.batch_wait <= 0 or len(self._heap) >= self.max_batch:
+            return None
+        oldest = min(item[2] for item in self._heap)
+        until = min(self._heap[0][0] - URGENT_S, oldest + self.batch_wait)
+        return until if until > time.monotonic() else None
+
+    def _wait_until(self, until: float) -> bool:
+        """Queue the next submission (or stop sentinel) arriving before `until`; True on stop."""
+        try:
+            item = self._inbox.get(timeout=max(0.0, until - time.monotonic()))
+        except queue.Empty:
+            return False
+        return self._take(item)
 
     def _drain(self) -> bool:
         """Move everything queued into the heap (earliest deadline first); True on stop."""
@@ -160,11 +209,11 @@ class DecodeWorker:
         bucket = 0
         while self._heap and len(batch) < self.max_batch:
             item = heapq.heappop(self._heap)
-            if item[3].cancelled():
+            if item[4].cancelled():
                 continue
             if not batch:
-                bucket = self.runner.frame_bucket(item[2].total_frames)
-            (batch if item[2].total_frames <= bucket else skipped).append(item)
+                bucket = self.runner.frame_bucket(item[3].total_frames)
+            (batch if item[3].total_frames <= bucket else skipped).append(item)
         for item in skipped:
             heapq.heappush(self._heap, item)
         return batch
@@ -177,9 +226,10 @@ class DecodeWorker:
         return False
 
     def _run(self, batch: list[_Item]) -> None:
-        live = [(job, fut) for _, _, job, fut in batch if fut.set_running_or_notify_cancel()]
+        live = [(job, fut) for *_, job, fut in batch if fut.set_running_or_notify_cancel()]
         if not live:
             return
+        start = time.perf_counter()
         try:
             audio = self.runner.decode_jobs([job for job, _ in live])
             if len(audio) != len(live):
@@ -195,6 +245,11 @@ class DecodeWorker:
             log.exception("decoder call failed")
             live[0][1].set_exception(exc)
             return
+        if (seconds := time.perf_counter() - start) > SLOW_CALL_S:
+            frames = sum(job.total_frames for job, _ in live)
+            log.warning(
+                "slow decoder call: %.2f s for %d chunks, %d frames", seconds, len(live), frames
+            )
         for (_, fut), samples in zip(live, audio, strict=True):
             fut.set_result(samples)
 

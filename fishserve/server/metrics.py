@@ -107,6 +107,11 @@ class Metrics:
         self.decoder_calls = Counter(
             "fishserve:decoder_calls_total", "Batched decoder calls.", registry=r
         )
+        self.decoder_jobs = Counter(
+            "fishserve:decoder_jobs_total",
+            "Audio chunks decoded (frames / jobs is the mean chunk length in frames).",
+            registry=r,
+        )
         self._seen: dict[str, float] = {}
         self.success = Counter(
             "fishserve:request_success_total",
@@ -135,18 +140,22 @@ class Metrics:
         self._advance("full_sort_rows", self.full_sort_rows, stats.full_sort_rows)
         self._advance("llm_busy", self.gpu_busy.labels(component="llm"), stats.busy_seconds)
 
-    def update_decoder(self, busy_seconds: float, calls: int, frames: int) -> None:
+    def update_decoder(self, busy_seconds: float, calls: int, frames: int, jobs: int = 0) -> None:
         """Copy the decoder runner's totals into the counters (called before each scrape)."""
         self._advance("decoder_busy", self.gpu_busy.labels(component="decoder"), busy_seconds)
         self._advance("decoder_calls", self.decoder_calls, calls)
         self._advance("decoder_frames", self.decoder_frames, frames)
+        self._advance("decoder_jobs", self.decoder_jobs, jobs)
 
     def update_runtime(self, runtime: ServingRuntime) -> None:
         """Copy a loaded runtime's engine and decoder totals (called before each scrape)."""
         status = runtime.status()
         self.update_engine(status.engine)
         self.update_decoder(
-            status.decoder_busy_seconds, status.decoder_calls, status.decoder_frames
+            status.decoder_busy_seconds,
+            status.decoder_calls,
+            status.decoder_frames,
+            status.decoder_jobs,
         )
 
     def retire_runtime(self, runtime: ServingRuntime) -> None:

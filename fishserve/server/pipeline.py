@@ -70,7 +70,8 @@ async def synthesize(
     """Generate and decode `request`, yielding its audio chunks in order.
 
     Chunks follow the runtime's `ChunkPolicy`, except that when a client that started playing
-    at its first chunk is `EARLY_CHUNK_S` from running out of audio, the frames generated so far
+    at its first chunk is the runtime's `early_chunk_margin` (default `EARLY_CHUNK_S`) seconds
+    from running out of audio, the frames generated so far
     (at least `early_chunk_frames`) are decoded at once as a shorter chunk: when generation is
     only a little faster than real time, growing chunks would otherwise leave gaps. With the
     runtime's `first_chunk_deadline` (seconds after arrival), the first chunk goes out the same
@@ -96,7 +97,12 @@ async def synthesize(
     first_by = (
         None if runtime.first_chunk_deadline is None else arrival + runtime.first_chunk_deadline
     )
-    playback = Playback(runtime.sample_rate, early_chunk_frames(runtime.chunk_policy), first_by)
+    playback = Playback(
+        runtime.sample_rate,
+        early_chunk_frames(runtime.chunk_policy),
+        first_by,
+        runtime.early_chunk_margin,
+    )
     first_frame: float | None = None
     frames = 0
     finished = False
@@ -130,8 +136,11 @@ async def synthesize(
             runtime.engine.cancel(request.request_id)
 
 
-# Seconds before a playing client would run out of audio at which pending frames are decoded
-# as a short chunk (covers a decoder call and its queueing under load).
+# Default seconds before a playing client would run out of audio at which pending frames are
+# decoded as a short chunk (covers a decoder call and its queueing under load). A smaller
+# margin makes those chunks longer (fewer decoder calls, each with ~15 frames of context)
+# at the risk of a gap when the decoder is slower than the margin (server setting
+# early_chunk_margin).
 EARLY_CHUNK_S = 0.25
 
 
@@ -149,13 +158,19 @@ class Playback:
         early_frames: the least frames of an early chunk (`early_chunk_frames`).
         first_chunk_by: monotonic seconds by which the first chunk should go out early if its
             frames are not all generated yet; None: no such deadline.
+        margin: seconds before the client runs out of audio at which pending frames go out
+            early (`EARLY_CHUNK_S` by default).
     """
 
     def __init__(
-        self, sample_rate: int, early_frames: int, first_chunk_by: float | None = None
+        self,
+        sample_rate: int,
+        early_frames: int,
+        first_chunk_by: float | None = None,
+        margin: float = EARLY_CHUNK_S,
     ) -> None:
         self.sample_rate, self._early = sample_rate, early_frames
-        self.first_chunk_by = first_chunk_by
+        self.first_chunk_by, self.margin = first_chunk_by, margin
         self.start: float | None = None  # monotonic seconds of the first chunk
         self.samples = 0
 
@@ -174,10 +189,10 @@ class Playback:
         return None if self.start is None else self.start + self.samples / self.sample_rate
 
     def hurry_at(self) -> float | None:
-        """When pending frames should go out early: `EARLY_CHUNK_S` before `due`, or before
-        the first chunk `first_chunk_by`."""
+        """When pending frames should go out early: `margin` seconds before `due`, or
+        before the first chunk `first_chunk_by`."""
         due = self.due()
-        return self.first_chunk_by if due is None else due - EARLY_CHUNK_S
+        return self.first_chunk_by if due is None else due - self.margin
 
     def early_frames(self) -> int | None:
         """`early_frames` once `hurry_at` has passed, else None."""

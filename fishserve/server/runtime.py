@@ -31,12 +31,13 @@ from fishserve.engine.engine import EngineConfig, EngineStats, GenerationRequest
 from fishserve.engine.gpu_turns import GpuTurns
 from fishserve.engine.memory import configure_cuda_allocator, parse_memory_size
 from fishserve.engine.step_profiler import StepProfiler
+from fishserve.engine.warmup import warm_up_general_path
 from fishserve.models.firefly import FireflyGenerator
 from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
 from fishserve.server.config import ServerConfig
 from fishserve.server.decode_worker import DecodeWorker
 from fishserve.server.gc_control import GC_PAUSES, freeze_after_startup
-from fishserve.server.pipeline import AudioChunk, synthesize
+from fishserve.server.pipeline import EARLY_CHUNK_S, AudioChunk, synthesize
 from fishserve.synthesis import DECODER_FILENAME, load_decoder
 
 log = logging.getLogger(__name__)
@@ -87,8 +88,8 @@ class RuntimeStatus:
         alive: whether the engine (thread and, for a remote runtime, process) is running.
         gpu_memory: ``used_bytes``/``total_bytes``/``budget_bytes`` of the device; None on CPU.
         memory_critical: device free memory below `CRITICAL_FREE_FRACTION` of the total.
-        decoder_busy_seconds, decoder_calls, decoder_frames: decoder totals (device seconds,
-            batched calls, new code frames decoded).
+        decoder_busy_seconds, decoder_calls, decoder_frames, decoder_jobs: decoder totals
+            (device seconds, batched calls, new code frames decoded, audio chunks decoded).
     """
 
     engine: EngineStats
@@ -98,6 +99,7 @@ class RuntimeStatus:
     decoder_busy_seconds: float
     decoder_calls: int
     decoder_frames: int
+    decoder_jobs: int = 0
 
 
 class ServingRuntime(Protocol):
@@ -141,6 +143,7 @@ class Runtime:
     device: torch.device
     weight_dtype: torch.dtype
     first_chunk_deadline: float | None = None  # seconds after arrival (ServerConfig)
+    early_chunk_margin: float = EARLY_CHUNK_S  # seconds (ServerConfig)
     restartable = False  # the engine shares this process: a dead engine thread stays dead
 
     def needs_restart(self) -> bool:
@@ -230,6 +233,7 @@ class Runtime:
             decoder_busy_seconds=runner.busy_seconds,
             decoder_calls=runner.calls,
             decoder_frames=runner.frames_decoded,
+            decoder_jobs=runner.jobs_decoded,
         )
 
 
@@ -385,6 +389,10 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
             ),
         ),
     )
+    if device.type == "cuda":  # its first use under load compiled kernels (engine/warmup.py)
+        seconds = warm_up_general_path(engine)
+        if seconds:
+            log.info("general prefill path warmed up in %.2f s", seconds)
     turns = GpuTurns() if config.gpu_sharing == "turns" else None
     references = ReferenceEncoder(decoder, max_seconds=config.max_reference_seconds)
     if turns is not None:
@@ -404,10 +412,12 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
                 num_sms=config.decoder_sms,
             ),
             gpu_turns=turns,
+            batch_wait=config.decoder_batch_wait,
         ),
         references=references,
         chunk_policy=policy,
         first_chunk_deadline=config.first_chunk_deadline,
+        early_chunk_margin=config.early_chunk_margin,
         device=device,
         weight_dtype=weight_dtype,
     )

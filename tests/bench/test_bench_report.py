@@ -60,6 +60,8 @@ def test_server_rates_from_two_metrics_reads():
             [
                 "# TYPE fishserve:decoder_calls_total counter",
                 f"fishserve:decoder_calls_total {decoded / 25}",
+                "# TYPE fishserve:decoder_jobs_total counter",
+                f"fishserve:decoder_jobs_total {decoded / 10}",
                 "# TYPE fishserve:sampler_full_sort_rows_total counter",
                 f"fishserve:sampler_full_sort_rows_total {frames / 10}",
                 "# TYPE fishserve:generation_frames_total counter",
@@ -80,6 +82,7 @@ def test_server_rates_from_two_metrics_reads():
     assert got.steps_per_s == 25 and got.frames_per_step == 20  # 1,000 frames in 50 steps
     assert got.decoder_frames_per_s == 500 and got.llm_busy == 1.0
     assert got.decoder_frames_per_call == 25  # 1,000 frames in 40 calls
+    assert got.decoder_frames_per_job == 10  # 1,000 frames in 100 chunks
     assert got.decoder_busy is None  # not exported by this server
     assert abs(got.full_sort_share - 0.1) < 1e-12  # 100 of 1,000 frames
     assert rates({}, after, 2.0).frames_per_step is None  # a server without the counters

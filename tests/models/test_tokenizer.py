@@ -143,3 +143,23 @@ def test_malformed_file(tmp_path: Path, content: str) -> None:
     path.write_text(content, encoding="utf-8")
     with pytest.raises(ValueError):
         FishTokenizer(path)
+
+
+@pytest.mark.parametrize("index", range(len(_cases()["cases"])))
+def test_the_fast_path_for_text_without_specials_matches_the_full_encode(index: int) -> None:
+    """Text without "<|" takes `encode_ordinary`; it must give the full encode's ids."""
+    tok = _tok()
+    text = _cases()["cases"][index]["text"].replace("<|", "<")
+    full = tok._encoding.encode(text, allowed_special="all", disallowed_special=())
+    assert tok.encode(text) == full
+
+
+def test_short_pieces_with_specials_are_cached_and_match_the_full_encode() -> None:
+    tok = _tok()
+    header = "<|im_start|>user\n"
+    full = tok._encoding.encode(header, allowed_special="all", disallowed_special=())
+    assert tok.encode(header) == full
+    ids = tok.encode(header)
+    ids.append(-1)  # the caller's list is its own: the cache is not changed through it
+    assert tok.encode(header) == full
+    assert tok._encode_cached.cache_info().hits >= 1

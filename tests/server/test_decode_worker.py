@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 
@@ -255,3 +256,72 @@ def test_jobs_left_when_the_thread_ends_fail_and_later_ones_fail_at_once() -> No
     assert isinstance(worker.submit(job(2)).exception(0), DecoderStoppedError)
     worker.shutdown()
     assert runner.calls == []
+
+
+def windowed_worker(max_batch: int, batch_wait: float) -> tuple[GatedRunner, DecodeWorker]:
+    """A started, idle worker with a batch window whose runner never blocks."""
+    runner = GatedRunner(max_batch)
+    runner.gate.set()
+    worker = DecodeWorker(runner, batch_wait=batch_wait)  # type: ignore[arg-type]
+    worker.start()
+    return runner, worker
+
+
+def test_with_a_batch_window_jobs_due_later_share_one_call() -> None:
+    """Without the window the idle worker would decode the first job alone at once."""
+    runner, worker = windowed_worker(max_batch=8, batch_wait=0.3)
+    later = time.monotonic() + 60.0
+    futures = [worker.submit(job(tag), deadline=later + tag) for tag in (1, 2, 3)]
+    assert [f.result(5)[0] for f in futures] == [1, 2, 3]
+    worker.shutdown()
+    assert runner.calls == [[1, 2, 3]]
+
+
+def test_a_held_job_is_decoded_once_the_window_has_passed() -> None:
+    _, worker = windowed_worker(max_batch=8, batch_wait=0.2)
+    start = time.monotonic()
+    held = worker.submit(job(1), deadline=start + 60.0)
+    assert held.result(5)[0] == 1
+    assert time.monotonic() - start >= 0.2  # it did wait for company
+    worker.shutdown()
+
+
+def test_urgent_jobs_and_full_calls_are_not_held() -> None:
+    """A first chunk (no deadline: due now), a chunk due within URGENT_S, and a full call all
+    go at once even with a 60 s window."""
+    from fishserve.server.decode_worker import URGENT_S
+
+    runner, worker = windowed_worker(max_batch=2, batch_wait=60.0)
+    assert worker.submit(job(1)).result(5)[0] == 1
+    soon = time.monotonic() + URGENT_S / 2
+    assert worker.submit(job(2), deadline=soon).result(5)[0] == 2
+    later = time.monotonic() + 60.0
+    pair = [worker.submit(job(tag), deadline=later) for tag in (3, 4)]
+    assert [f.result(5)[0] for f in pair] == [3, 4]
+    worker.shutdown()
+    assert runner.calls == [[1], [2], [3, 4]]
+
+
+def test_held_jobs_are_decoded_at_shutdown_not_lost() -> None:
+    runner, worker = windowed_worker(max_batch=8, batch_wait=60.0)
+    held = worker.submit(job(1), deadline=time.monotonic() + 60.0)
+    time.sleep(0.05)  # the worker has taken it and is holding it
+    worker.shutdown()
+    assert held.result(5)[0] == 1
+    assert runner.calls == [[1]]
+
+
+def test_a_negative_batch_window_is_refused() -> None:
+    with pytest.raises(ValueError, match="batch_wait"):
+        DecodeWorker(GatedRunner(max_batch=2), batch_wait=-0.1)  # type: ignore[arg-type]
+
+
+def test_a_slow_decoder_call_is_logged(monkeypatch, caplog) -> None:
+    import fishserve.server.decode_worker as module
+
+    monkeypatch.setattr(module, "SLOW_CALL_S", 0.0)
+    _, worker = windowed_worker(max_batch=2, batch_wait=0.0)
+    with caplog.at_level("WARNING", logger=module.__name__):
+        assert worker.submit(job(1, frames=5)).result(5)[0] == 1
+        worker.shutdown()
+    assert "slow decoder call" in caplog.text and "1 chunks, 5 frames" in caplog.text

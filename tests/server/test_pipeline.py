@@ -37,6 +37,16 @@ def test_playback_asks_for_an_early_chunk_only_near_its_end(monkeypatch):
     assert playback.due() == 102.0 and playback.early_frames() is None
 
 
+def test_a_smaller_margin_asks_for_the_early_chunk_later(monkeypatch):
+    now = [100.8]
+    monkeypatch.setattr(pipeline.time, "monotonic", lambda: now[0])
+    playback = Playback(sample_rate=1000, early_frames=5, margin=0.1)
+    playback.start, playback.samples = 100.0, 1000  # one second of audio from t=100
+    assert playback.hurry_at() == 100.9 and playback.early_frames() is None
+    now[0] = 100.95
+    assert playback.early_frames() == 5
+
+
 def test_early_chunk_frames_is_half_the_first_chunk():
     assert early_chunk_frames(ChunkPolicy(first_chunk_frames=10)) == 5
     assert early_chunk_frames(ChunkPolicy(first_chunk_frames=1)) == 1

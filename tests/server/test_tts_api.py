@@ -203,6 +203,7 @@ def test_health_and_metrics(server):
     assert values['fishserve:gpu_busy_seconds_total{component="llm"}'] > 0
     assert values['fishserve:gpu_busy_seconds_total{component="decoder"}'] > 0
     assert values["fishserve:decoder_calls_total"] >= 1
+    assert values["fishserve:decoder_jobs_total"] >= values["fishserve:decoder_calls_total"]
     # every emitted frame is decoded once (the engine also counts frames it does not emit)
     decoded = values["fishserve:decoder_frames_total"]
     assert 0 < decoded <= values["fishserve:generation_frames_total"]
@@ -267,7 +268,7 @@ def test_metrics_count_work_across_a_model_reload():
 
     def runtime(frames: int, calls: int, busy: float) -> SimpleNamespace:
         stats = EngineStats(0, 0, 8, 8, 0, frames, busy, frames // 2, full_sort_rows=frames // 10)
-        status = RuntimeStatus(stats, True, None, False, busy, calls, frames)
+        status = RuntimeStatus(stats, True, None, False, busy, calls, frames, calls * 2)
         return SimpleNamespace(status=lambda: status)
 
     metrics = Metrics()
@@ -280,6 +281,7 @@ def test_metrics_count_work_across_a_model_reload():
     assert values["fishserve:engine_steps_total"] == 125
     assert values["fishserve:sampler_full_sort_rows_total"] == 25
     assert values["fishserve:decoder_calls_total"] == 9
+    assert values["fishserve:decoder_jobs_total"] == 18
     assert values['fishserve:gpu_busy_seconds_total{component="decoder"}'] == 4.0
 
 

@@ -1,0 +1,79 @@
+"""Tests for fishserve.engine.warmup: the general prefill path runs once at start-up."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import make_engine, run_engine
+
+from fishserve.engine.engine import GenerationRequest
+from fishserve.engine.sampling import SamplingParams
+from fishserve.engine.warmup import general_path_reachable, warm_up_general_path
+
+
+def static_engine(model, tokenizer, **overrides):
+    """An engine on the static path whose steps may exceed its static rows (4 + 8)."""
+    settings = {
+        "static_decode": True,
+        "max_num_seqs": 4,
+        "static_prefill_tokens": 8,
+        "max_num_batched_tokens": 256,
+        "num_kv_blocks": 128,
+    }
+    settings.update(overrides)
+    return make_engine(model, tokenizer, **settings)
+
+
+def test_warm_up_runs_the_general_prefill_path_and_leaves_the_engine_as_it_was(
+    tiny_model, tiny_tokenizer, monkeypatch
+) -> None:
+    engine = static_engine(tiny_model, tiny_tokenizer)
+    prefills: list[int] = []
+    general = engine.runner._prefill
+    monkeypatch.setattr(
+        engine.runner, "_prefill", lambda batch: prefills.append(batch.num_tokens) or general(batch)
+    )
+    free = engine.blocks.num_free
+    assert general_path_reachable(engine)
+    assert warm_up_general_path(engine) > 0
+    assert prefills and max(prefills) > engine.runner.max_rows
+    assert not engine.has_work()
+    assert engine.blocks.num_free == free
+    assert (engine.steps, engine.frames_generated) == (0, 0)
+
+
+def test_a_warmed_up_engine_generates_what_a_fresh_one_does(tiny_model, tiny_tokenizer) -> None:
+    request = GenerationRequest(
+        "hello world", params=SamplingParams(temperature=0.7, seed=3), max_new_tokens=12
+    )
+    fresh = run_engine(static_engine(tiny_model, tiny_tokenizer), [request])
+    warmed_engine = static_engine(tiny_model, tiny_tokenizer)
+    warm_up_general_path(warmed_engine)
+    warmed = run_engine(warmed_engine, [request])
+    assert warmed[request.request_id][0].tolist() == fresh[request.request_id][0].tolist()
+
+
+def test_nothing_to_warm_up_when_every_step_fits_the_static_rows(
+    tiny_model, tiny_tokenizer
+) -> None:
+    engine = static_engine(tiny_model, tiny_tokenizer, max_num_batched_tokens=12)
+    assert not general_path_reachable(engine)
+    assert warm_up_general_path(engine) == 0.0
+    assert engine.steps == 0
+
+
+def test_warm_up_is_refused_once_requests_are_queued(tiny_model, tiny_tokenizer) -> None:
+    engine = static_engine(tiny_model, tiny_tokenizer)
+    engine.add_request(GenerationRequest("hello", max_new_tokens=4))
+    with pytest.raises(RuntimeError, match="before it serves"):
+        warm_up_general_path(engine)
+
+
+def test_a_slow_engine_step_is_logged(tiny_model, tiny_tokenizer, monkeypatch, caplog) -> None:
+    import fishserve.engine.engine as module
+
+    monkeypatch.setattr(module, "SLOW_STEP_S", 0.0)
+    engine = make_engine(tiny_model, tiny_tokenizer)
+    engine.add_request(GenerationRequest("hello", max_new_tokens=2))
+    with caplog.at_level("WARNING", logger=module.__name__):
+        engine.step()
+    assert "slow engine step" in caplog.text and "1 sequences" in caplog.text
