@@ -155,6 +155,14 @@ def serve(
             "(chunks due within 0.15 s never wait); 0 = decode at once.",
         ),
     ] = None,
+    max_decoder_lag: Annotated[
+        float | None,
+        _setting(
+            "max_decoder_lag",
+            "Refuse new requests (503) while the audio decoder is more than this many seconds "
+            "behind real time; none = never.",
+        ),
+    ] = None,
     decoder_compile: Annotated[
         bool | None,
         _setting(

@@ -87,6 +87,10 @@ class ServerConfig(BaseModel):
     # Seconds a queued audio chunk may wait for others to share its decoder call (chunks due
     # within 0.15 s never wait); 0: decode whatever is queued at once.
     decoder_batch_wait: float = Field(0.0, ge=0, le=1.0)
+    # Refuse new requests (503, Retry-After) while the audio decoder is more than this many
+    # seconds behind its streams' deadlines: accepted streams stay real time instead of every
+    # stream degrading; None: never (e.g. for offline synthesis on a slow device).
+    max_decoder_lag: float | None = Field(None, gt=0)
     decoder_compile: bool = False
     # HiFi-GAN head kernels on the GPU: fused channels-last Triton convolutions or cuDNN.
     decoder_kernels: Literal["auto", "triton", "torch"] = "auto"
@@ -127,6 +131,7 @@ class ServerConfig(BaseModel):
         "default_max_new_tokens",
         "first_chunk_deadline",
         "decoder_sms",
+        "max_decoder_lag",
         mode="before",
     )
     @classmethod

@@ -161,6 +161,10 @@ class RemoteRuntime:
         """True when the core last saw the device nearly out of memory."""
         return self._status.memory_critical
 
+    def decoder_lag(self) -> float:
+        """Seconds the core's audio decoder was last seen behind its streams' deadlines."""
+        return self._status.decoder_lag_seconds
+
     async def synthesize(
         self, request: GenerationRequest, timeout: float, arrival: float | None = None
     ) -> AsyncIterator[AudioChunk]:

@@ -79,6 +79,7 @@ class DecodeWorker:
         self.runner = runner
         self.gpu_turns = gpu_turns
         self.batch_wait = batch_wait
+        self._lag = 0.0
         self.max_batch = runner.max_batch
         self._inbox: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._heap: list[_Item] = []
@@ -93,6 +94,13 @@ class DecodeWorker:
     def calls(self) -> int:
         """Decoder calls made."""
         return self.runner.calls
+
+    @property
+    def lag_seconds(self) -> float:
+        """How far behind real time the decoder is, in seconds: by how much the earliest job of
+        the call in progress (or the last call) was overdue when taken; 0 once the queue is
+        empty. A first chunk is due at its submission, so its queueing counts too."""
+        return self._lag
 
     @property
     def frames_decoded(self) -> int:
@@ -161,6 +169,7 @@ class DecodeWorker:
         stopping = False
         while not (stopping and not self._heap):
             if not self._heap and not stopping:
+                self._lag = 0.0  # nothing queued: nothing is late
                 stopping = self._take(self._inbox.get()) or stopping
             if not self._heap:
                 stopping = self._drain() or stopping
@@ -216,6 +225,8 @@ class DecodeWorker:
             (batch if item[3].total_frames <= bucket else skipped).append(item)
         for item in skipped:
             heapq.heappush(self._heap, item)
+        if batch:
+            self._lag = max(0.0, time.monotonic() - batch[0][0])
         return batch
 
     def _take(self, item: _Item | None) -> bool:

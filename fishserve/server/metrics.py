@@ -43,6 +43,11 @@ class Metrics:
         self.kv_usage = Gauge(
             "fishserve:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).", registry=r
         )
+        self.decoder_lag = Gauge(
+            "fishserve:decoder_lag_seconds",
+            "How far behind its streams' deadlines the audio decoder is (0: on time).",
+            registry=r,
+        )
         self.ttfa = Histogram(
             "fishserve:time_to_first_audio_seconds",
             "From request arrival to the first audio bytes.",
@@ -151,6 +156,7 @@ class Metrics:
         """Copy a loaded runtime's engine and decoder totals (called before each scrape)."""
         status = runtime.status()
         self.update_engine(status.engine)
+        self.decoder_lag.set(status.decoder_lag_seconds)
         self.update_decoder(
             status.decoder_busy_seconds,
             status.decoder_calls,

@@ -122,7 +122,9 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
     now = runtime.status()
     stats, info = now.engine, runtime.info
     status = "ok"
-    if stats.waiting >= config.max_waiting or now.memory_critical:
+    max_lag = config.max_decoder_lag
+    lagging = max_lag is not None and now.decoder_lag_seconds > max_lag
+    if stats.waiting >= config.max_waiting or now.memory_critical or lagging:
         status = "busy"
     if not now.alive:
         status = "unhealthy"

@@ -99,10 +99,24 @@ def prepare_text(state: ServerState, text: str, normalize: bool, param: str = "t
 
 
 def refuse_if_overloaded(state: ServerState) -> None:
-    """503 with Retry-After while device memory is critical."""
+    """503 with Retry-After while device memory is critical, or while the audio decoder is
+    more than `max_decoder_lag` seconds behind real time."""
     runtime = state.runtime
-    if runtime is not None and runtime.memory_critical():
+    if runtime is None:
+        return
+    if runtime.memory_critical():
         raise ApiError(503, "GPU memory is critical; retry shortly", headers={"Retry-After": "5"})
+    if decoder_lagging(runtime, state.config.max_decoder_lag):
+        raise ApiError(
+            503,
+            f"the audio decoder is {runtime.decoder_lag():.1f} s behind real time; retry shortly",
+            headers={"Retry-After": "2"},
+        )
+
+
+def decoder_lagging(runtime: ServingRuntime, max_lag: float | None) -> bool:
+    """Whether the decoder is more than `max_lag` seconds behind (never with None)."""
+    return max_lag is not None and runtime.decoder_lag() > max_lag
 
 
 def history_window(max_seq_len: int) -> int:

@@ -90,6 +90,8 @@ class RuntimeStatus:
         memory_critical: device free memory below `CRITICAL_FREE_FRACTION` of the total.
         decoder_busy_seconds, decoder_calls, decoder_frames, decoder_jobs: decoder totals
             (device seconds, batched calls, new code frames decoded, audio chunks decoded).
+        decoder_lag_seconds: how far behind its deadlines the decoder is
+            (`DecodeWorker.lag_seconds`).
     """
 
     engine: EngineStats
@@ -100,6 +102,7 @@ class RuntimeStatus:
     decoder_calls: int
     decoder_frames: int
     decoder_jobs: int = 0
+    decoder_lag_seconds: float = 0.0
 
 
 class ServingRuntime(Protocol):
@@ -120,6 +123,8 @@ class ServingRuntime(Protocol):
     def needs_restart(self) -> bool: ...
 
     def memory_critical(self) -> bool: ...
+
+    def decoder_lag(self) -> float: ...
 
     def synthesize(
         self, request: GenerationRequest, timeout: float, arrival: float | None = None
@@ -204,6 +209,10 @@ class Runtime:
         free, total = torch.cuda.mem_get_info(self.device)
         return _critical(free, total)
 
+    def decoder_lag(self) -> float:
+        """Seconds the audio decoder is behind its streams' deadlines (0 when on time)."""
+        return self.decode_worker.lag_seconds
+
     def gpu_memory(self) -> dict[str, int] | None:
         """Bytes of the device: used (all processes) and total (`cudaMemGetInfo`), the memory
         budget, and what PyTorch's caching allocator holds in this process (allocated to
@@ -234,6 +243,7 @@ class Runtime:
             decoder_calls=runner.calls,
             decoder_frames=runner.frames_decoded,
             decoder_jobs=runner.jobs_decoded,
+            decoder_lag_seconds=self.decode_worker.lag_seconds,
         )
 
 

@@ -231,3 +231,22 @@ def test_a_client_gone_before_its_body_arrived_counts_as_cancelled(tmp_path):
                 break
             time.sleep(0.1)
         assert 'request_failure_total{reason="cancelled"} 1.0' in metrics(live)
+
+
+def test_a_decoder_behind_real_time_gives_503_only_with_max_decoder_lag(tmp_path, monkeypatch):
+    from fishserve.server.decode_worker import DecodeWorker
+
+    with LiveServer(tiny_server_config(tmp_path, max_decoder_lag=0.5)) as live:
+        live.state.runtime.decoder_lag = lambda: 2.0
+        response = httpx.post(live.url + "/v1/tts", json={"text": "Hi."}, timeout=60)
+        assert response.status_code == 503 and response.headers["retry-after"]
+        assert "2.0 s behind real time" in response.text
+        live.state.runtime.decoder_lag = lambda: 0.2  # within the bound
+        assert httpx.post(live.url + "/v1/tts", json={"text": "Hi."}, timeout=60).status_code == 200
+        # what /health and /metrics read
+        monkeypatch.setattr(DecodeWorker, "lag_seconds", property(lambda self: 3.0))
+        assert httpx.get(live.url + "/health").json()["status"] == "busy"
+        assert "fishserve:decoder_lag_seconds 3.0" in metrics(live)
+    with LiveServer(tiny_server_config(tmp_path)) as live:  # off by default
+        live.state.runtime.decoder_lag = lambda: 100.0
+        assert httpx.post(live.url + "/v1/tts", json={"text": "Hi."}, timeout=60).status_code == 200

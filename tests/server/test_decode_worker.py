@@ -325,3 +325,21 @@ def test_a_slow_decoder_call_is_logged(monkeypatch, caplog) -> None:
         assert worker.submit(job(1, frames=5)).result(5)[0] == 1
         worker.shutdown()
     assert "slow decoder call" in caplog.text and "1 chunks, 5 frames" in caplog.text
+
+
+def test_lag_is_how_overdue_the_running_call_s_earliest_job_was_and_0_once_idle() -> None:
+    runner = GatedRunner(max_batch=2)
+    worker = DecodeWorker(runner)  # type: ignore[arg-type]
+    assert worker.lag_seconds == 0.0
+    worker.start()
+    overdue = worker.submit(job(1), deadline=time.monotonic() - 5.0)  # its client ran dry 5 s ago
+    assert runner.entered.wait(5)  # inside that call
+    assert worker.lag_seconds >= 5.0
+    runner.gate.set()
+    assert overdue.result(5)[0] == 1
+    for _ in range(100):  # the worker goes back to waiting for jobs
+        if worker.lag_seconds == 0.0:
+            break
+        time.sleep(0.02)
+    assert worker.lag_seconds == 0.0
+    worker.shutdown()
