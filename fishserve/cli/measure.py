@@ -33,7 +33,10 @@ def bench(
     rate: Annotated[str, typer.Option(help="Poisson arrival rates, requests/s.")] = "0.5,1,2,4",
     num_requests: Annotated[
         int | None,
-        typer.Option(min=1, help="Requests per level (default max(16, 4 x concurrency); 64)."),
+        typer.Option(
+            min=1,
+            help="Requests per level (default: max(16, 4 x concurrency); 64 per Poisson rate).",
+        ),
     ] = None,
     duration: Annotated[
         float, typer.Option(min=0.1, help="Per level: start no request after this (s).")
@@ -62,7 +65,10 @@ def bench(
     ignore_eos: Annotated[
         bool, typer.Option(help="Generate exactly --max-new-tokens frames (fishserve).")
     ] = False,
-    chunk_length: Annotated[int, typer.Option(min=100, max=300)] = 200,
+    chunk_length: Annotated[
+        int,
+        typer.Option(min=100, max=300, help="Fish `chunk_length`: text segment size in bytes."),
+    ] = 200,
     audio_format: Annotated[
         str, typer.Option("--format", help="pcm (s16le) or wav; audio is counted exactly.")
     ] = "pcm",
