@@ -48,6 +48,11 @@ class BusyTimer:
             end.record()
             self._pending.append((begin, end))
 
+    def restore(self, seconds: float) -> None:
+        """Set the total back to `seconds` and forget the pending work (start-up warm-up)."""
+        self._pending.clear()
+        self._total = seconds
+
     def _harvest(self) -> None:
         """Add the pairs whose end event has completed (no waiting)."""
         done = 0

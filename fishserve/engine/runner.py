@@ -240,6 +240,20 @@ class ModelRunner:
         captured = 0 if self.graphs is None else self.graphs.resampled_rows
         return captured + self._eager_full_sort_rows
 
+    def counter_state(self) -> tuple[int, int, float]:
+        """(full-sort rows eager, full-sort rows captured, busy seconds), for
+        `restore_counters`."""
+        captured = 0 if self.graphs is None else self.graphs.resampled_rows
+        return self._eager_full_sort_rows, captured, self.busy.seconds
+
+    def restore_counters(self, state: tuple[int, int, float]) -> None:
+        """Set the counters back to `state` from `counter_state` (call after `synchronize`:
+        the work since is forgotten)."""
+        self._eager_full_sort_rows, captured, seconds = state
+        if self.graphs is not None:
+            self.graphs.resampled_rows = captured
+        self.busy.restore(seconds)
+
     @property
     def busy_seconds(self) -> float:
         """Device time of the completed steps (CUDA events; wall time on CPU)."""

@@ -38,8 +38,9 @@ def warm_up_general_path(engine: LLMEngine) -> float:
     """Run one step through the general prefill path, then two decode steps; return seconds.
 
     Two synthetic requests (ignore_eos, 2 frames each) whose prompts together exceed
-    `max_rows` positions are queued and stepped to completion; the engine's step and frame
-    counters are restored afterwards, and every KV block is free again. Call it on the engine
+    `max_rows` positions are queued and stepped to completion; the engine's and the runner's
+    counters (steps, frames, full-sort rows, busy time) are restored afterwards, and every KV
+    block is free again. Call it on the engine
     thread before serving (nothing else may be queued). Returns 0.0 without doing anything when
     `general_path_reachable` is False or the prompts could not fit the model's context or the
     KV pool.
@@ -54,10 +55,11 @@ def warm_up_general_path(engine: LLMEngine) -> float:
     target = engine.runner.max_rows // _REQUESTS + 1  # positions per prompt
     words = _words_for(engine, target)
     if words is None:
-        log.info("general prefill path not warmed up: %d-position prompts do not fit", target)
+        log.info("general prefill path not warmed up: no prompt of %d+ positions fits", target)
         return 0.0
     start = time.perf_counter()
     steps, frames = engine.steps, engine.frames_generated
+    runner_counters = engine.runner.counter_state()
     for i in range(_REQUESTS):
         engine.add_request(_request(words, f"warm-up-{i}"))
     for _ in range(64):  # 1-2 prefill steps, then one decode step
@@ -68,6 +70,7 @@ def warm_up_general_path(engine: LLMEngine) -> float:
         raise RuntimeError("the engine's warm-up requests did not finish in 64 steps")
     engine.runner.synchronize()
     engine.steps, engine.frames_generated = steps, frames
+    engine.runner.restore_counters(runner_counters)
     return time.perf_counter() - start
 
 
@@ -83,21 +86,25 @@ def _request(words: int, request_id: str) -> GenerationRequest:
 
 
 def _words_for(engine: LLMEngine, target: int) -> int | None:
-    """Words of warm-up text whose prompt has >= `target` positions and still fits (context,
-    pool, a step); None if no such count is found."""
+    """The fewest words of warm-up text whose prompt has >= `target` positions, if that
+    prompt still fits (the context and a share of the pool); else None. A binary search: a
+    prompt's length grows with its words."""
     limit = min(
         engine.model.config.max_seq_len - 4,
         engine.pool_positions // _REQUESTS - 4,
     )
     if target > limit:
         return None
-    words = target
-    for _ in range(4):
-        length = _prompt_length(engine, words)
-        if length >= target:
-            return words if length <= limit else None
-        words = words * target // max(1, length) + 1
-    return None
+    low, high = 1, target  # every word is at least one position
+    if _prompt_length(engine, high) < target:
+        return None
+    while low < high:
+        middle = (low + high) // 2
+        if _prompt_length(engine, middle) >= target:
+            high = middle
+        else:
+            low = middle + 1
+    return low if _prompt_length(engine, low) <= limit else None
 
 
 def _prompt_length(engine: LLMEngine, words: int) -> int:

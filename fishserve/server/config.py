@@ -79,18 +79,18 @@ class ServerConfig(BaseModel):
     chunk_frames: int = Field(64, ge=1)
     # Seconds before a playing client runs out of audio at which the frames generated so far
     # go out as a shorter chunk. Smaller: longer chunks, fewer decoder calls, more risk of a gap.
-    early_chunk_margin: float = Field(0.25, gt=0, le=5.0)
+    early_chunk_margin: float = Field(0.25, gt=0, le=5.0, allow_inf_nan=False)
     # Small decoder calls when the decoder shares every SM with the engine: its long convolution
     # kernels hold the SMs while an engine step's short kernels wait (docs/benchmarks.md §6.3).
     # On its own SMs (decoder_sms) larger calls are better: 16 measured best (§6.7).
     max_decode_batch: int = Field(8, ge=1)
     # Seconds a queued audio chunk may wait for others to share its decoder call (chunks due
     # within 0.15 s never wait); 0: decode whatever is queued at once.
-    decoder_batch_wait: float = Field(0.0, ge=0, le=1.0)
+    decoder_batch_wait: float = Field(0.0, ge=0, le=1.0, allow_inf_nan=False)
     # Refuse new requests (503, Retry-After) while the audio decoder is more than this many
     # seconds behind its streams' deadlines: accepted streams stay real time instead of every
     # stream degrading; None: never (e.g. for offline synthesis on a slow device).
-    max_decoder_lag: float | None = Field(None, gt=0)
+    max_decoder_lag: float | None = Field(None, gt=0, allow_inf_nan=False)
     decoder_compile: bool = False
     # HiFi-GAN head kernels on the GPU: fused channels-last Triton convolutions or cuDNN.
     decoder_kernels: Literal["auto", "triton", "torch"] = "auto"
@@ -132,6 +132,8 @@ class ServerConfig(BaseModel):
         "first_chunk_deadline",
         "decoder_sms",
         "max_decoder_lag",
+        "early_chunk_margin",
+        "decoder_batch_wait",
         mode="before",
     )
     @classmethod

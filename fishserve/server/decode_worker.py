@@ -15,7 +15,8 @@ arrive a few milliseconds apart, so a worker that decodes whatever is queued mak
 or two jobs (docs/benchmarks.md §6.7: busy 80% of the time at a third of the partition's
 batched rate). With a window, queued jobs wait up to `batch_wait` seconds for others to share
 their call, unless the earliest one's client would run out of audio within `URGENT_S` (first
-chunks are due at once and never wait), or a full call is queued. This is the dynamic batcher's
+chunks are due at once and never wait), a full call is queued, or jobs arrive more slowly than
+one per window (a lone stream would only wait, for nobody). This is the dynamic batcher's
 `max_queue_delay` of inference servers, bounded by each stream's playback deadline.
 
 Shutdown: jobs queued before `shutdown` are still decoded; a job submitted after it fails at
@@ -28,6 +29,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import queue
 import threading
 import time
@@ -50,6 +52,8 @@ _Item = tuple[float, int, float, DecodeJob, "Future[np.ndarray]"]
 URGENT_S = 0.15
 # A decoder call longer than this is logged as a warning (calls take ~2-40 ms on a GPU).
 SLOW_CALL_S = 1.0
+# The longest batch window accepted (seconds; the server setting allows up to 1).
+MAX_BATCH_WAIT_S = 60.0
 
 
 class DecoderStoppedError(RuntimeError):
@@ -68,18 +72,22 @@ class DecodeWorker:
             window, see the module docstring); 0: decode whatever is queued at once.
 
     Raises:
-        ValueError: a negative `batch_wait`.
+        ValueError: `batch_wait` outside [0, `MAX_BATCH_WAIT_S`] (or NaN).
     """
 
     def __init__(
         self, runner: DecoderRunner, gpu_turns: GpuTurns | None = None, batch_wait: float = 0.0
     ) -> None:
-        if not batch_wait >= 0:
-            raise ValueError(f"batch_wait must be >= 0 seconds, got {batch_wait}")
+        if not 0 <= batch_wait <= MAX_BATCH_WAIT_S:
+            raise ValueError(
+                f"batch_wait must be between 0 and {MAX_BATCH_WAIT_S:g} seconds, got {batch_wait}"
+            )
         self.runner = runner
         self.gpu_turns = gpu_turns
         self.batch_wait = batch_wait
         self._lag = 0.0
+        self._last_submit = -math.inf
+        self._gap = math.inf  # seconds between the last two submissions
         self.max_batch = runner.max_batch
         self._inbox: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._heap: list[_Item] = []
@@ -129,12 +137,18 @@ class DecodeWorker:
         Args:
             deadline: ``time.monotonic()`` seconds by which the audio is needed (the stream's
                 playback would run dry); ``None`` means now. Earlier deadlines decode first.
+
+        Raises:
+            ValueError: a NaN deadline (it would break the queue's order).
         """
+        if deadline is not None and math.isnan(deadline):
+            raise ValueError("a decoder job's deadline must be a time, not NaN")
         future: Future[np.ndarray] = Future()
         now = time.monotonic()
         when = now if deadline is None else deadline
         with self._submit_lock:
             if not self._stopped:
+                self._gap, self._last_submit = now - self._last_submit, now
                 self._inbox.put((when, next(self._order), now, job, future))
                 return future
         future.set_exception(DecoderStoppedError("the decoder thread is stopped"))
@@ -171,8 +185,8 @@ class DecodeWorker:
             if not self._heap and not stopping:
                 self._lag = 0.0  # nothing queued: nothing is late
                 stopping = self._take(self._inbox.get()) or stopping
+            stopping = self._drain() or stopping  # all that is queued counts for the hold
             if not self._heap:
-                stopping = self._drain() or stopping
                 continue
             hold = None if stopping else self._hold_until()
             if hold is not None:  # wait for more jobs to share the call, or for `hold`
@@ -187,12 +201,18 @@ class DecodeWorker:
 
     def _hold_until(self) -> float | None:
         """Monotonic seconds until which the queued jobs wait for a fuller call, or None to
-        decode now: no window, a full call queued, or the earliest job urgent or held long
-        enough (`batch_wait` after the oldest queued job's submission)."""
-        if self.batch_wait <= 0 or len(self._heap) >= self.max_batch:
+        decode now: no window, jobs arriving more slowly than one per window, a full call
+        queued, or the earliest job urgent or held long enough (`batch_wait` after the oldest
+        queued job's submission). Cancelled jobs do not count."""
+        if self.batch_wait <= 0 or self._gap >= self.batch_wait:
             return None
-        oldest = min(item[2] for item in self._heap)
-        until = min(self._heap[0][0] - URGENT_S, oldest + self.batch_wait)
+        if len(self._heap) >= 2 * self.max_batch:
+            return None
+        live = [item for item in self._heap if not item[4].cancelled()]
+        if not live or len(live) >= self.max_batch:
+            return None
+        due = min(item[0] for item in live)
+        until = min(due - URGENT_S, min(item[2] for item in live) + self.batch_wait)
         return until if until > time.monotonic() else None
 
     def _wait_until(self, until: float) -> bool:
@@ -250,12 +270,19 @@ class DecodeWorker:
                 log.warning(
                     "decoder call for %d jobs failed (%s); retrying one by one", len(live), exc
                 )
-                for pair in live:
-                    self._decode_alone(*pair)
+                try:
+                    for pair in live:
+                        self._decode_alone(*pair)
+                except BaseException:
+                    _fail_unfinished(live)
+                    raise
                 return
             log.exception("decoder call failed")
             live[0][1].set_exception(exc)
             return
+        except BaseException:  # the thread is ending: its jobs must not wait forever
+            _fail_unfinished(live)
+            raise
         if (seconds := time.perf_counter() - start) > SLOW_CALL_S:
             frames = sum(job.total_frames for job, _ in live)
             log.warning(
@@ -272,3 +299,10 @@ class DecodeWorker:
             fut.set_exception(exc)
             return
         fut.set_result(samples)
+
+
+def _fail_unfinished(live: list[tuple[DecodeJob, Future[np.ndarray]]]) -> None:
+    """Fail the futures of `live` not resolved yet: the decoder thread is ending."""
+    for _, fut in live:
+        if not fut.done():
+            fut.set_exception(DecoderStoppedError("the decoder thread stopped in this call"))

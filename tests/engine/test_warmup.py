@@ -39,6 +39,16 @@ def test_warm_up_runs_the_general_prefill_path_and_leaves_the_engine_as_it_was(
     assert not engine.has_work()
     assert engine.blocks.num_free == free
     assert (engine.steps, engine.frames_generated) == (0, 0)
+    assert (engine.runner.full_sort_rows, engine.runner.busy_seconds) == (0, 0.0)
+
+
+def test_warm_up_finds_a_prompt_that_fits_a_small_pool(tiny_model, tiny_tokenizer) -> None:
+    """100 positions of pool, 12 static rows: prompts of 7-46 positions fit; a first guess of
+    one word per position overshot and the warm-up was skipped."""
+    engine = static_engine(tiny_model, tiny_tokenizer, block_size=4, num_kv_blocks=25)
+    assert engine.pool_positions == 100
+    assert warm_up_general_path(engine) > 0
+    assert engine.blocks.num_free == engine.blocks.num_blocks
 
 
 def test_a_warmed_up_engine_generates_what_a_fresh_one_does(tiny_model, tiny_tokenizer) -> None:

@@ -267,18 +267,26 @@ def windowed_worker(max_batch: int, batch_wait: float) -> tuple[GatedRunner, Dec
     return runner, worker
 
 
+def primed(worker: DecodeWorker) -> None:
+    """Decode an urgent job (tag 0) first: the next submission then comes within the window
+    of the last one, as under load (a job after a quiet spell is never held)."""
+    assert worker.submit(job(0)).result(5)[0] == 0
+
+
 def test_with_a_batch_window_jobs_due_later_share_one_call() -> None:
     """Without the window the idle worker would decode the first job alone at once."""
     runner, worker = windowed_worker(max_batch=8, batch_wait=0.3)
+    primed(worker)
     later = time.monotonic() + 60.0
     futures = [worker.submit(job(tag), deadline=later + tag) for tag in (1, 2, 3)]
     assert [f.result(5)[0] for f in futures] == [1, 2, 3]
     worker.shutdown()
-    assert runner.calls == [[1, 2, 3]]
+    assert runner.calls == [[0], [1, 2, 3]]
 
 
 def test_a_held_job_is_decoded_once_the_window_has_passed() -> None:
     _, worker = windowed_worker(max_batch=8, batch_wait=0.2)
+    primed(worker)
     start = time.monotonic()
     held = worker.submit(job(1), deadline=start + 60.0)
     assert held.result(5)[0] == 1
@@ -304,16 +312,71 @@ def test_urgent_jobs_and_full_calls_are_not_held() -> None:
 
 def test_held_jobs_are_decoded_at_shutdown_not_lost() -> None:
     runner, worker = windowed_worker(max_batch=8, batch_wait=60.0)
+    primed(worker)
     held = worker.submit(job(1), deadline=time.monotonic() + 60.0)
     time.sleep(0.05)  # the worker has taken it and is holding it
+    assert not held.done()
     worker.shutdown()
     assert held.result(5)[0] == 1
-    assert runner.calls == [[1]]
+    assert runner.calls == [[0], [1]]
 
 
-def test_a_negative_batch_window_is_refused() -> None:
+def test_a_job_after_a_quiet_spell_is_not_held() -> None:
+    """A lone stream's chunk would wait the whole window for company that never comes."""
+    _, worker = windowed_worker(max_batch=8, batch_wait=1.0)
+    primed(worker)
+    time.sleep(1.1)  # longer than the window: jobs arrive more slowly than one per window
+    lone = worker.submit(job(1), deadline=time.monotonic() + 60.0)
+    assert lone.result(0.8)[0] == 1  # well before the window would have passed
+    worker.shutdown()
+
+
+def test_cancelled_jobs_neither_fill_a_call_nor_make_it_urgent() -> None:
+    runner = GatedRunner(max_batch=2)
+    worker = DecodeWorker(runner, batch_wait=60.0)  # type: ignore[arg-type]
+    worker.start()
+    worker.submit(job(0))
+    assert runner.entered.wait(5)  # busy: the next jobs queue up
+    cancelled = worker.submit(job(1))  # urgent, but its client left
+    held = worker.submit(job(2), deadline=time.monotonic() + 60.0)
+    assert cancelled.cancel()
+    runner.gate.set()
+    time.sleep(0.2)
+    assert not held.done()  # a cancelled job neither makes a full call nor an urgent one
+    worker.shutdown()
+    assert held.result(5)[0] == 2
+
+
+@pytest.mark.parametrize("wait", [-0.1, float("nan"), float("inf"), 1e10])
+def test_a_batch_window_out_of_range_is_refused(wait: float) -> None:
     with pytest.raises(ValueError, match="batch_wait"):
-        DecodeWorker(GatedRunner(max_batch=2), batch_wait=-0.1)  # type: ignore[arg-type]
+        DecodeWorker(GatedRunner(max_batch=2), batch_wait=wait)  # type: ignore[arg-type]
+
+
+def test_a_nan_deadline_is_refused() -> None:
+    worker = DecodeWorker(GatedRunner(max_batch=2))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="NaN"):
+        worker.submit(job(1), deadline=float("nan"))
+
+
+class Stop(BaseException):
+    """What no `except Exception` catches (e.g. KeyboardInterrupt, SystemExit)."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_jobs_of_a_call_that_ends_the_thread_fail_instead_of_waiting_forever() -> None:
+    from fishserve.server.decode_worker import DecoderStoppedError
+
+    class Exploding(GatedRunner):
+        def decode_jobs(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
+            raise Stop
+
+    worker = DecodeWorker(Exploding(max_batch=2))  # type: ignore[arg-type]
+    futures = [worker.submit(job(tag)) for tag in (1, 2)]
+    worker.start()
+    for future in futures:
+        assert isinstance(future.exception(5), DecoderStoppedError)
+    worker._thread.join(5)  # its exception is reported within this test
 
 
 def test_a_slow_decoder_call_is_logged(monkeypatch, caplog) -> None:

@@ -141,3 +141,14 @@ def test_optional_numbers_take_none_and_refuse_on_off(tmp_path):
         yaml_file.write_text(f"decoder_sms: {word}\n")
         with pytest.raises(ValueError, match=r"decoder_sms = .*not on/off or true/false"):
             ServerConfig.load(yaml_file, environ={})
+
+
+@pytest.mark.parametrize("name", ["early_chunk_margin", "decoder_batch_wait", "max_decoder_lag"])
+def test_audio_timing_settings_refuse_on_off_and_nan(tmp_path, name):
+    """YAML's `on` silently became 1.0 s; NaN was reported as out of range."""
+    yaml_file = tmp_path / "serve.yaml"
+    yaml_file.write_text(f"{name}: on\n")
+    with pytest.raises(ValueError, match=rf"{name} = .*not on/off or true/false"):
+        ServerConfig.load(yaml_file, environ={})
+    with pytest.raises(ValueError, match=rf"{name} = .*finite number"):
+        ServerConfig.load(overrides={name: "nan"}, environ={})
