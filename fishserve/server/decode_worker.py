@@ -115,10 +115,16 @@ class DecodeWorker:
         """New code frames decoded."""
         return self.runner.frames_decoded
 
+    @property
+    def alive(self) -> bool:
+        """Whether the worker thread is running (False before `start` and once it ended)."""
+        return self._thread.is_alive()
+
     def start(self) -> None:
         """Start the worker thread (nothing to start after `shutdown`)."""
-        if not self._stopped:
-            self._thread.start()
+        with self._submit_lock:  # `shutdown` then sees a started thread, or none at all
+            if not self._stopped:
+                self._thread.start()
 
     def shutdown(self) -> None:
         """Stop after the queued jobs (waits up to 10 s for them); later submissions fail at
@@ -139,10 +145,11 @@ class DecodeWorker:
                 playback would run dry); ``None`` means now. Earlier deadlines decode first.
 
         Raises:
-            ValueError: a NaN deadline (it would break the queue's order).
+            ValueError: a deadline that is not a finite time (NaN would break the queue's
+                order, -inf would make the decoder look infinitely late).
         """
-        if deadline is not None and math.isnan(deadline):
-            raise ValueError("a decoder job's deadline must be a time, not NaN")
+        if deadline is not None and not math.isfinite(deadline):
+            raise ValueError(f"a decoder job's deadline must be a finite time, got {deadline}")
         future: Future[np.ndarray] = Future()
         now = time.monotonic()
         when = now if deadline is None else deadline
@@ -166,6 +173,7 @@ class DecodeWorker:
         with self._submit_lock:
             self._stopped = True  # also when the loop ended by an error, not by `shutdown`
         leftovers, self._heap = self._heap, []
+        self._lag = 0.0  # a stopped decoder is not "late": `alive` says what it is
         while not self._inbox.empty():
             item = self._inbox.get_nowait()
             if item is not None:
@@ -183,11 +191,13 @@ class DecodeWorker:
         stopping = False
         while not (stopping and not self._heap):
             if not self._heap and not stopping:
-                self._lag = 0.0  # nothing queued: nothing is late
+                if self._inbox.empty():
+                    self._lag = 0.0  # nothing queued: nothing is late
                 stopping = self._take(self._inbox.get()) or stopping
             stopping = self._drain() or stopping  # all that is queued counts for the hold
             if not self._heap:
                 continue
+            self._lag = max(0.0, time.monotonic() - self._heap[0][0])  # also while waiting
             hold = None if stopping else self._hold_until()
             if hold is not None:  # wait for more jobs to share the call, or for `hold`
                 stopping = self._wait_until(hold) or stopping
@@ -237,11 +247,14 @@ class DecodeWorker:
         skipped: list[_Item] = []
         bucket = 0
         while self._heap and len(batch) < self.max_batch:
-            item = heapq.heappop(self._heap)
+            item = self._heap[0]
             if item[4].cancelled():
+                item[4].set_running_or_notify_cancel()  # tells `wait`/`as_completed` it ended
+                heapq.heappop(self._heap)
                 continue
-            if not batch:
+            if not batch:  # before popping: if it raises, the job is still queued (and failed)
                 bucket = self.runner.frame_bucket(item[3].total_frames)
+            heapq.heappop(self._heap)
             (batch if item[3].total_frames <= bucket else skipped).append(item)
         for item in skipped:
             heapq.heappush(self._heap, item)
@@ -288,8 +301,12 @@ class DecodeWorker:
             log.warning(
                 "slow decoder call: %.2f s for %d chunks, %d frames", seconds, len(live), frames
             )
-        for (_, fut), samples in zip(live, audio, strict=True):
-            fut.set_result(samples)
+        try:
+            for (_, fut), samples in zip(live, audio, strict=True):
+                fut.set_result(samples)
+        except BaseException:  # a done-callback ended the thread: the others must not hang
+            _fail_unfinished(live)
+            raise
 
     def _decode_alone(self, job: DecodeJob, fut: Future[np.ndarray]) -> None:
         try:

@@ -236,7 +236,7 @@ class Runtime:
         )
         return RuntimeStatus(
             engine=self.engine.stats(),
-            alive=self.engine.alive,
+            alive=self.engine.alive and self.decode_worker.alive,
             gpu_memory=gpu,
             memory_critical=critical,
             decoder_busy_seconds=runner.busy_seconds,

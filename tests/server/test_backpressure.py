@@ -250,3 +250,11 @@ def test_a_decoder_behind_real_time_gives_503_only_with_max_decoder_lag(tmp_path
     with LiveServer(tiny_server_config(tmp_path)) as live:  # off by default
         live.state.runtime.decoder_lag = lambda: 100.0
         assert httpx.post(live.url + "/v1/tts", json={"text": "Hi."}, timeout=60).status_code == 200
+
+
+def test_a_stopped_decoder_thread_makes_the_server_unhealthy(tmp_path):
+    with LiveServer(tiny_server_config(tmp_path)) as live:
+        assert httpx.get(live.url + "/health").json()["status"] == "ok"
+        live.state.runtime.decode_worker.shutdown()  # as if the thread had died
+        health = httpx.get(live.url + "/health")
+        assert health.status_code == 503 and health.json()["status"] == "unhealthy"

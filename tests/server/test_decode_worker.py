@@ -3,9 +3,11 @@ shutdown."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 
@@ -353,10 +355,69 @@ def test_a_batch_window_out_of_range_is_refused(wait: float) -> None:
         DecodeWorker(GatedRunner(max_batch=2), batch_wait=wait)  # type: ignore[arg-type]
 
 
-def test_a_nan_deadline_is_refused() -> None:
+@pytest.mark.parametrize("deadline", [float("nan"), float("-inf"), float("inf")])
+def test_a_deadline_that_is_not_a_finite_time_is_refused(deadline: float) -> None:
     worker = DecodeWorker(GatedRunner(max_batch=2))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="NaN"):
-        worker.submit(job(1), deadline=float("nan"))
+    with pytest.raises(ValueError, match="finite time"):
+        worker.submit(job(1), deadline=deadline)
+
+
+class HeldTurns:
+    """A stand-in GpuTurns whose decoder turn waits until `release` is set."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.waiting = threading.Event()
+
+    @contextlib.contextmanager
+    def turn(self, party: str) -> Iterator[None]:
+        self.waiting.set()
+        assert self.release.wait(10)
+        yield
+
+
+def test_lag_counts_overdue_jobs_still_waiting_for_the_gpu_turn() -> None:
+    """With gpu_sharing=turns a job may wait for the engine's step before its call."""
+    turns = HeldTurns()
+    runner = GatedRunner(max_batch=2)
+    runner.gate.set()
+    worker = DecodeWorker(runner, gpu_turns=turns)  # type: ignore[arg-type]
+    worker.start()
+    overdue = worker.submit(job(1), deadline=time.monotonic() - 2.0)
+    assert turns.waiting.wait(5)
+    assert worker.lag_seconds >= 2.0  # not yet in a call, but already late
+    turns.release.set()
+    assert overdue.result(5)[0] == 1
+    worker.shutdown()
+
+
+def test_cancelled_jobs_are_reported_finished_to_wait() -> None:
+    from concurrent.futures import wait
+
+    runner, worker = busy_worker(max_batch=2)
+    cancelled = worker.submit(job(1))
+    assert cancelled.cancel()
+    runner.gate.set()
+    done, _ = wait([cancelled], timeout=5)
+    assert done == {cancelled}
+    worker.shutdown()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_job_whose_bucket_cannot_be_computed_fails_and_the_thread_state_is_reported() -> None:
+    from fishserve.server.decode_worker import DecoderStoppedError
+
+    class NoBuckets(GatedRunner):
+        def frame_bucket(self, frames: int) -> int:
+            raise Stop
+
+    worker = DecodeWorker(NoBuckets(max_batch=2))  # type: ignore[arg-type]
+    assert not worker.alive
+    future = worker.submit(job(1), deadline=time.monotonic() - 3.0)
+    worker.start()
+    assert isinstance(future.exception(5), DecoderStoppedError)  # not left pending forever
+    worker._thread.join(5)
+    assert not worker.alive and worker.lag_seconds == 0.0
 
 
 class Stop(BaseException):
