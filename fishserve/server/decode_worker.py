@@ -15,9 +15,10 @@ arrive a few milliseconds apart, so a worker that decodes whatever is queued mak
 or two jobs (docs/benchmarks.md §6.7: busy 80% of the time at a third of the partition's
 batched rate). With a window, queued jobs wait up to `batch_wait` seconds for others to share
 their call, unless the earliest one's client would run out of audio within `URGENT_S` (first
-chunks are due at once and never wait), a full call is queued, or jobs arrive more slowly than
-one per window (a lone stream would only wait, for nobody). This is the dynamic batcher's
-`max_queue_delay` of inference servers, bounded by each stream's playback deadline.
+chunks are due at once and never wait), a full call is queued, or fewer than `BUSY_JOBS` jobs
+arrived within the last window (a lone stream, or a few, would only wait, for nobody). This is
+the dynamic batcher's `max_queue_delay` of inference servers, bounded by each stream's playback
+deadline.
 
 Shutdown: jobs queued before `shutdown` are still decoded; a job submitted after it fails at
 once, and any job left over when the thread ends (or that never ran because the thread never
@@ -33,6 +34,7 @@ import math
 import queue
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 
@@ -52,6 +54,9 @@ _Item = tuple[float, int, float, DecodeJob, "Future[np.ndarray]"]
 URGENT_S = 0.15
 # A decoder call longer than this is logged as a warning (calls take ~2-40 ms on a GPU).
 SLOW_CALL_S = 1.0
+# The batch window holds jobs only when at least this many were submitted within one window
+# (two streams' chunks 50 ms apart every 0.5 s would otherwise each wait the window).
+BUSY_JOBS = 4
 # The longest batch window accepted (seconds; the server setting allows up to 1).
 MAX_BATCH_WAIT_S = 60.0
 
@@ -86,8 +91,7 @@ class DecodeWorker:
         self.gpu_turns = gpu_turns
         self.batch_wait = batch_wait
         self._lag = 0.0
-        self._last_submit = -math.inf
-        self._gap = math.inf  # seconds between the last two submissions
+        self._recent: deque[float] = deque(maxlen=BUSY_JOBS)  # the last submission times
         self.max_batch = runner.max_batch
         self._inbox: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._heap: list[_Item] = []
@@ -155,7 +159,7 @@ class DecodeWorker:
         when = now if deadline is None else deadline
         with self._submit_lock:
             if not self._stopped:
-                self._gap, self._last_submit = now - self._last_submit, now
+                self._recent.append(now)
                 self._inbox.put((when, next(self._order), now, job, future))
                 return future
         future.set_exception(DecoderStoppedError("the decoder thread is stopped"))
@@ -211,10 +215,12 @@ class DecodeWorker:
 
     def _hold_until(self) -> float | None:
         """Monotonic seconds until which the queued jobs wait for a fuller call, or None to
-        decode now: no window, jobs arriving more slowly than one per window, a full call
+        decode now: no window, fewer than `BUSY_JOBS` jobs in the last window, a full call
         queued, or the earliest job urgent or held long enough (`batch_wait` after the oldest
         queued job's submission). Cancelled jobs do not count."""
-        if self.batch_wait <= 0 or self._gap >= self.batch_wait:
+        recent = self._recent
+        busy = len(recent) == BUSY_JOBS and recent[-1] - recent[0] < self.batch_wait
+        if self.batch_wait <= 0 or not busy:
             return None
         if len(self._heap) >= 2 * self.max_batch:
             return None

@@ -270,9 +270,10 @@ def windowed_worker(max_batch: int, batch_wait: float) -> tuple[GatedRunner, Dec
 
 
 def primed(worker: DecodeWorker) -> None:
-    """Decode an urgent job (tag 0) first: the next submission then comes within the window
-    of the last one, as under load (a job after a quiet spell is never held)."""
-    assert worker.submit(job(0)).result(5)[0] == 0
+    """Decode three urgent jobs (tag 0) first: the next submission then makes four within
+    the window, as under load (jobs after a quiet spell are never held)."""
+    for _ in range(3):
+        assert worker.submit(job(0)).result(5)[0] == 0
 
 
 def test_with_a_batch_window_jobs_due_later_share_one_call() -> None:
@@ -283,7 +284,7 @@ def test_with_a_batch_window_jobs_due_later_share_one_call() -> None:
     futures = [worker.submit(job(tag), deadline=later + tag) for tag in (1, 2, 3)]
     assert [f.result(5)[0] for f in futures] == [1, 2, 3]
     worker.shutdown()
-    assert runner.calls == [[0], [1, 2, 3]]
+    assert runner.calls == [[0], [0], [0], [1, 2, 3]]
 
 
 def test_a_held_job_is_decoded_once_the_window_has_passed() -> None:
@@ -320,7 +321,7 @@ def test_held_jobs_are_decoded_at_shutdown_not_lost() -> None:
     assert not held.done()
     worker.shutdown()
     assert held.result(5)[0] == 1
-    assert runner.calls == [[0], [1]]
+    assert runner.calls == [[0], [0], [0], [1]]
 
 
 def test_a_job_after_a_quiet_spell_is_not_held() -> None:
@@ -339,9 +340,9 @@ def test_cancelled_jobs_neither_fill_a_call_nor_make_it_urgent() -> None:
     worker.start()
     worker.submit(job(0))
     assert runner.entered.wait(5)  # busy: the next jobs queue up
-    cancelled = worker.submit(job(1))  # urgent, but its client left
-    held = worker.submit(job(2), deadline=time.monotonic() + 60.0)
-    assert cancelled.cancel()
+    cancelled = [worker.submit(job(1)) for _ in range(2)]  # urgent, but their clients left
+    held = worker.submit(job(2), deadline=time.monotonic() + 60.0)  # 4 jobs in the window
+    assert all(future.cancel() for future in cancelled)
     runner.gate.set()
     time.sleep(0.2)
     assert not held.done()  # a cancelled job neither makes a full call nor an urgent one
@@ -466,4 +467,15 @@ def test_lag_is_how_overdue_the_running_call_s_earliest_job_was_and_0_once_idle(
             break
         time.sleep(0.02)
     assert worker.lag_seconds == 0.0
+    worker.shutdown()
+
+
+def test_two_streams_chunks_close_together_are_not_held() -> None:
+    """Fewer than BUSY_JOBS submissions in the window: nobody else is coming."""
+    _, worker = windowed_worker(max_batch=8, batch_wait=1.0)
+    later = time.monotonic() + 60.0
+    first = worker.submit(job(1), deadline=later)
+    time.sleep(0.05)
+    second = worker.submit(job(2), deadline=later)
+    assert first.result(0.8)[0] == 1 and second.result(0.8)[0] == 2  # not held for 1 s
     worker.shutdown()
