@@ -79,11 +79,6 @@ class StepInputs:
     samplers: list[Sequence]
 
 
-def _to(t: Tensor, device: torch.device) -> Tensor:
-    """Copy a host tensor to `device` without waiting for the device's queued work."""
-    return to_device(t, device)
-
-
 def build_inputs(batch: ScheduledBatch, block_size: int, device: torch.device) -> StepInputs:
     """Flatten the scheduled positions and build slot mapping and block tables.
 
@@ -109,19 +104,19 @@ def build_inputs(batch: ScheduledBatch, block_size: int, device: torch.device) -
     for i, t in enumerate(tables):
         padded[i, : len(t)] = t
     meta = AttentionMetadata(
-        slot_mapping=_to(torch.from_numpy(np.concatenate(slots)), device),
-        query_start=_to(torch.tensor(starts), device),
-        context_lens=_to(torch.tensor(contexts), device),
-        block_tables=_to(torch.from_numpy(padded), device),
+        slot_mapping=to_device(torch.from_numpy(np.concatenate(slots)), device),
+        query_start=to_device(torch.tensor(starts), device),
+        context_lens=to_device(torch.tensor(contexts), device),
+        block_tables=to_device(torch.from_numpy(padded), device),
         block_size=block_size,
         max_query=max(b - a for a, b in itertools.pairwise(starts)),
         max_context=max(contexts),
     )
     return StepInputs(
-        columns=_to(torch.cat(columns, dim=1)[None], device),
-        positions=_to(torch.from_numpy(np.concatenate(positions)), device),
+        columns=to_device(torch.cat(columns, dim=1)[None], device),
+        positions=to_device(torch.from_numpy(np.concatenate(positions)), device),
         meta=meta,
-        sample_rows=_to(torch.tensor(sample_rows, dtype=torch.int64), device),
+        sample_rows=to_device(torch.tensor(sample_rows, dtype=torch.int64), device),
         samplers=samplers,
     )
 
@@ -237,8 +232,8 @@ class ModelRunner:
     @property
     def full_sort_rows(self) -> int:
         """See the class docstring."""
-        captured = 0 if self.graphs is None else self.graphs.resampled_rows
-        return captured + self._eager_full_sort_rows
+        eager, captured, _ = self.counter_state()
+        return eager + captured
 
     def counter_state(self) -> tuple[int, int, float]:
         """(full-sort rows eager, full-sort rows captured, busy seconds), for

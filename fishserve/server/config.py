@@ -137,9 +137,10 @@ class ServerConfig(BaseModel):
         mode="before",
     )
     @classmethod
-    def _optional_number(cls, value: object) -> object:
-        """`none` (the README's word for unset) means unset; YAML's on/off/true/false are
-        refused (pydantic would read them as 1 and 0: `decoder_sms: on` as one SM)."""
+    def _number(cls, value: object) -> object:
+        """`none` (the README's word for unset) means unset (refused where a setting has no
+        unset state); YAML's on/off/true/false are refused (pydantic would read them as 1 and 0:
+        `decoder_sms: on` as one SM, `decoder_batch_wait: on` as 1 s)."""
         if isinstance(value, str) and value.strip().lower() in ("none", "null"):
             return None
         if isinstance(value, bool):

@@ -109,9 +109,10 @@ class DecodeWorker:
 
     @property
     def lag_seconds(self) -> float:
-        """How far behind real time the decoder is, in seconds: by how much the earliest job of
-        the call in progress (or the last call) was overdue when taken; 0 once the queue is
-        empty. A first chunk is due at its submission, so its queueing counts too."""
+        """How far behind real time the decoder is, in seconds: by how much the earliest
+        queued job (also one waiting for the GPU turn), or the earliest job of the call in
+        progress, was overdue when the worker last looked; 0 once the queue is empty or the
+        thread has stopped. A first chunk is due at its submission, so its queueing counts."""
         return self._lag
 
     @property

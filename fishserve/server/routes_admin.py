@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 
 from fishserve.server.errors import ApiError
 from fishserve.server.routes_tts import DEFAULT_VOICE, parse_body
-from fishserve.server.runtime import ServingRuntime
+from fishserve.server.runtime import ServingRuntime, decoder_behind
 from fishserve.server.state import ServerState
 from fishserve.server.voices import validate_voice_id
 
@@ -122,8 +122,7 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
     now = runtime.status()
     stats, info = now.engine, runtime.info
     status = "ok"
-    max_lag = config.max_decoder_lag
-    lagging = max_lag is not None and now.decoder_lag_seconds > max_lag
+    lagging = decoder_behind(now.decoder_lag_seconds, config.max_decoder_lag)
     if stats.waiting >= config.max_waiting or now.memory_critical or lagging:
         status = "busy"
     if not now.alive:

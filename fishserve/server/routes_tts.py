@@ -18,7 +18,7 @@ from fishserve.engine.sampling import MIN_TEMPERATURE, SamplingParams
 from fishserve.models.prompt import HISTORY_RESERVE, Reference
 from fishserve.server.errors import ApiError
 from fishserve.server.normalize import normalize_text
-from fishserve.server.runtime import ServingRuntime
+from fishserve.server.runtime import ServingRuntime, decoder_behind
 from fishserve.server.schemas import SpeechRequest, TTSRequest
 from fishserve.server.service import InlineReference, resolve_references, stream_audio
 from fishserve.server.state import ServerState
@@ -106,17 +106,12 @@ def refuse_if_overloaded(state: ServerState) -> None:
         return
     if runtime.memory_critical():
         raise ApiError(503, "GPU memory is critical; retry shortly", headers={"Retry-After": "5"})
-    if decoder_lagging(runtime, state.config.max_decoder_lag):
+    if decoder_behind(lag := runtime.decoder_lag(), state.config.max_decoder_lag):
         raise ApiError(
             503,
-            f"the audio decoder is {runtime.decoder_lag():.1f} s behind real time; retry shortly",
+            f"the audio decoder is {lag:.1f} s behind real time; retry shortly",
             headers={"Retry-After": "2"},
         )
-
-
-def decoder_lagging(runtime: ServingRuntime, max_lag: float | None) -> bool:
-    """Whether the decoder is more than `max_lag` seconds behind (never with None)."""
-    return max_lag is not None and runtime.decoder_lag() > max_lag
 
 
 def history_window(max_seq_len: int) -> int:

@@ -85,7 +85,8 @@ class RuntimeStatus:
 
     Attributes:
         engine: the engine's counters as of its last step.
-        alive: whether the engine (thread and, for a remote runtime, process) is running.
+        alive: whether the engine and decoder threads (and, for a remote runtime, the engine
+            process) are running.
         gpu_memory: ``used_bytes``/``total_bytes``/``budget_bytes`` of the device; None on CPU.
         memory_critical: device free memory below `CRITICAL_FREE_FRACTION` of the total.
         decoder_busy_seconds, decoder_calls, decoder_frames, decoder_jobs: decoder totals
@@ -245,6 +246,12 @@ class Runtime:
             decoder_jobs=runner.jobs_decoded,
             decoder_lag_seconds=self.decode_worker.lag_seconds,
         )
+
+
+def decoder_behind(lag: float, max_lag: float | None) -> bool:
+    """Whether a decoder `lag` seconds behind its deadlines exceeds `max_lag` (the
+    `max_decoder_lag` setting; None: never)."""
+    return max_lag is not None and lag > max_lag
 
 
 def _critical(free: int, total: int) -> bool:
