@@ -15,6 +15,13 @@ the job lengths the chunk schedule produces, :func:`frame_buckets_for`), so that
   default: measured on the H200, uncompiled channels_last is slower from 8 jobs per call;
 * each bucket is captured in a CUDA graph at start-up (``num_captures``), so a call costs one
   graph launch instead of ~700 kernel launches (and the GIL is free for the engine thread);
+* with the Triton head and ``trim_context`` (how the server runs), a job's context frames are
+  decoded only as far as its new samples need them: each layer of the head computes the new
+  samples plus what the rest of the head reaches back to
+  (:meth:`FireflyGenerator.decode_tail_unchecked`), not ``context + new`` frames at every
+  layer. Buckets then count new frames, and every call decodes ``bucket + trim_context``
+  frames of latent. With the released decoder and 15 context frames this is ~1.5x less work
+  for a 20-frame chunk (the heavy late layers reach back < 1.5 frames, docs/benchmarks.md);
 * everything runs on a dedicated CUDA stream, so decoder calls overlap the language model's
   steps instead of queueing behind them on one stream; with ``num_sms`` that stream belongs to
   a green context of that many SMs (:mod:`fishserve.engine.sm_partition`), graphs captured on
@@ -33,8 +40,10 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,8 +63,19 @@ from .streaming import ChunkPolicy
 log = logging.getLogger(__name__)
 FRAME_ALIGN = 8  # frame buckets are multiples of 8 code frames (0.37 s at 21.53 frames/s)
 
-__all__ = ["DECODER_KERNELS", "DecoderRunner", "frame_buckets_for", "resolve_kernels"]
+__all__ = [
+    "DECODER_KERNELS",
+    "DecoderRunner",
+    "frame_buckets_for",
+    "new_frame_buckets_for",
+    "resolve_kernels",
+]
 DECODER_KERNELS = ("auto", "triton", "torch")
+
+
+def _interpreted() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``: tests)."""
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
 
 
 def _triton_head_missing(device: torch.device, capability: bool) -> str:
@@ -85,6 +105,8 @@ def resolve_kernels(kernels: str, device: torch.device, capability: bool = True)
     if kernels not in DECODER_KERNELS:
         raise ValueError(f"decoder kernels must be one of {', '.join(DECODER_KERNELS)}")
     missing = _triton_head_missing(device, capability)
+    if kernels == "triton" and device.type == "cpu" and _interpreted() and triton_head_available():
+        return "triton"  # Triton's CPU interpreter, asked for by name: how tests run the kernels
     if kernels == "triton" and missing:
         raise ValueError(
             f"decoder kernels 'triton' need a CUDA device of compute capability 8.0+ and "
@@ -115,6 +137,14 @@ def frame_buckets_for(policy: ChunkPolicy, config: FireflyConfig) -> tuple[int, 
     sizes.add(policy.max_decode_frames(config))
     low, high = (math.ceil(s / FRAME_ALIGN) for s in (min(sizes), max(sizes)))
     return tuple(FRAME_ALIGN * k for k in range(low, high + 1))
+
+
+def new_frame_buckets_for(policy: ChunkPolicy) -> tuple[int, ...]:
+    """Buckets of a runner with ``trim_context``: every multiple of 8 up to the largest chunk
+    of `policy` (a job's new frames; its context is trimmed, see the module docstring). The
+    default policy gives (8, 16, ..., 64): 8 buckets."""
+    high = math.ceil(max(policy.first_chunk_frames, policy.chunk_frames) / FRAME_ALIGN)
+    return tuple(FRAME_ALIGN * k for k in range(1, high + 1))
 
 
 # Decoder calls of up to this many jobs are captured at every batch size, not just powers of
@@ -162,6 +192,10 @@ class DecoderRunner:
             :func:`resolve_kernels`); the CPU always runs the PyTorch head.
         num_sms: run on a partition of this many SMs (CUDA green context, see
             :mod:`fishserve.engine.sm_partition`); None: the decoder's stream may use every SM.
+        trim_context: with the Triton head, decode each job's context only as far as its new
+            samples need it, keeping at most this many context frames per job (the chunk
+            policy's context; module docstring); `frame_buckets` then count new frames.
+            Ignored with the PyTorch head. None: decode every frame of every job.
 
     Raises:
         ValueError: bad ``kernels`` (see :func:`resolve_kernels`).
@@ -169,6 +203,7 @@ class DecoderRunner:
 
     Attributes:
         kernels: the head's kernels in use, ``"triton"`` or ``"torch"``.
+        trim_context: the context kept per job when trimming, else None.
         num_captures: CUDA graphs captured (0 on CPU or with ``use_graphs=False``).
         busy_seconds: decoder time on its stream, measured with CUDA events (wall time on CPU).
         calls, frames_decoded, jobs_decoded: calls made, new frames decoded and jobs (audio
@@ -186,6 +221,7 @@ class DecoderRunner:
         channels_last: bool = False,
         kernels: str = "auto",
         num_sms: int | None = None,
+        trim_context: int | None = None,
     ) -> None:
         self.decoder = decoder
         self.config = decoder.config
@@ -195,6 +231,10 @@ class DecoderRunner:
         self.pad = self.use_graphs if pad is None else pad
         self.kernels = resolve_kernels(kernels, self.device)
         head = TritonHead(decoder.head) if self.kernels == "triton" else None
+        self.head = head
+        self.trim_context = trim_context if head is not None else None
+        if trim_context is not None and trim_context < 0:
+            raise ValueError(f"trim_context must be >= 0, got {trim_context}")
         if compile and head is not None:
             log.warning("decoder_compile applies to the PyTorch head only; the Triton head runs")
         log.info("decoder head kernels: %s", self.kernels)
@@ -220,6 +260,37 @@ class DecoderRunner:
         self.jobs_decoded = 0
         if self.use_graphs:
             self._capture_all()
+
+    @classmethod
+    def for_policy(
+        cls,
+        decoder: FireflyGenerator,
+        policy: ChunkPolicy,
+        max_batch: int,
+        *,
+        trim: bool = True,
+        **kwargs: Any,
+    ) -> DecoderRunner:
+        """The runner for streams chunked by `policy`: with the Triton head (and `trim`),
+        context trimmed to ``policy.context_frames`` and buckets of new frames
+        (:func:`new_frame_buckets_for`); otherwise buckets of whole jobs
+        (:func:`frame_buckets_for`). `kwargs` go to the constructor.
+
+        Raises:
+            ValueError, SMPartitionError: as the constructor.
+        """
+        kernels = str(kwargs.pop("kernels", "auto"))
+        triton = resolve_kernels(kernels, decoder.device) == "triton"
+        if trim and triton:
+            context = policy.context_frames(decoder.config)
+            buckets = new_frame_buckets_for(policy)
+            return cls(decoder, max_batch, buckets, kernels=kernels, trim_context=context, **kwargs)
+        buckets = frame_buckets_for(policy, decoder.config)
+        return cls(decoder, max_batch, buckets, kernels=kernels, **kwargs)
+
+    def job_frames(self, job: DecodeJob) -> int:
+        """The frames `job` is bucketed by: its new frames when trimming, else all of them."""
+        return job.new_frames if self.trim_context is not None else job.total_frames
 
     @property
     def max_batch(self) -> int:
@@ -249,9 +320,12 @@ class DecoderRunner:
         out: list[np.ndarray] = []
         for start in range(0, len(jobs), self.max_batch):
             part = jobs[start : start + self.max_batch]
-            codes, lengths = pad_jobs(part, self.config.n_groups)
-            samples = self._decode_padded(codes, lengths)  # valid until the next call
-            out += split_samples(samples, part, self.config.frame_samples)
+            if self.trim_context is not None:
+                out += self._decode_tails(part)
+            else:
+                codes, lengths = pad_jobs(part, self.config.n_groups)
+                samples = self._decode_padded(codes, lengths)  # valid until the next call
+                out += split_samples(samples, part, self.config.frame_samples)
             self.calls += 1
             self.frames_decoded += sum(job.new_frames for job in part)
             self.jobs_decoded += len(part)
@@ -264,6 +338,30 @@ class DecoderRunner:
         """
         return self._decode_padded(codes, lengths).copy()
 
+    def _decode_tails(self, jobs: Sequence[DecodeJob]) -> list[np.ndarray]:
+        """Decode `jobs` with trimmed context: each job's last ``trim_context`` context frames
+        and its new frames, left-aligned in a ``(B, G, bucket + trim_context)`` call."""
+        groups, context = self.config.n_groups, self.trim_context
+        assert context is not None
+        bad = [job.codes.shape for job in jobs if job.codes.shape[0] != groups]
+        if bad:
+            raise ValueError(
+                f"decoder expects {groups} codebooks per frame, got jobs of shape {bad}"
+            )
+        new = max(job.new_frames for job in jobs)
+        b = len(jobs)
+        bb = next(size for size in self.batch_buckets if size >= b) if self.pad else b
+        frames = self.frame_bucket(new) if self.pad else new
+        codes = np.zeros((bb, groups, frames + context), dtype=np.int64)
+        lengths = np.zeros(bb, dtype=np.int64)
+        for i, job in enumerate(jobs):
+            keep = min(job.context_frames, context) + job.new_frames
+            codes[i, :, :keep] = job.codes[:, job.total_frames - keep :]
+            lengths[i] = keep
+        rows = self._run(codes, lengths, frames, b)
+        fs = self.config.frame_samples
+        return [rows[i, (frames - job.new_frames) * fs :].copy() for i, job in enumerate(jobs)]
+
     def _decode_padded(self, codes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """`decode_padded`, but on CUDA a view of a pinned buffer the next call overwrites."""
         b, groups, frames = codes.shape
@@ -274,21 +372,25 @@ class DecoderRunner:
             padded[:b, :, :frames] = codes
             lengths = np.concatenate([lengths, np.zeros(bb - b, dtype=lengths.dtype)])
             codes = padded
+        return self._run(codes, lengths, codes.shape[2], b)[:, : frames * self.config.frame_samples]
+
+    def _run(self, codes: np.ndarray, lengths: np.ndarray, frames: int, rows: int) -> np.ndarray:
+        """One call on ``(B, G, L)`` codes: the first `rows` of its ``(B, frames *
+        frame_samples)`` float32 output (on CUDA a view of a pinned buffer that the next call
+        overwrites). `frames` is ``L``, or the new frames per job when trimming."""
         if self.stream is None:
             with self.busy.measure():
-                wave = self._eager(codes, lengths)
-            return wave[:b, 0, : frames * self.config.frame_samples].numpy()
+                return self._eager(codes, lengths, frames)[:rows].numpy()
         with torch.cuda.stream(self.stream), torch.inference_mode(), self.busy.measure():
-            graph = self.graphs.get((bb, fb)) if self.use_graphs else None
+            graph = self.graphs.get((codes.shape[0], frames)) if self.use_graphs else None
             if graph is not None:
                 _, codes_in, lengths_in, wave = graph
                 copy_to_device_(codes_in, torch.from_numpy(codes))
                 copy_to_device_(lengths_in, torch.from_numpy(lengths))
                 graph[0].replay()
             else:
-                wave = self._eager(codes, lengths)
-            rows = self._audio_down.download_view(wave[:b, 0])  # waits for this stream
-        return rows[:, : frames * self.config.frame_samples]
+                wave = self._eager(codes, lengths, frames)
+            return self._audio_down.download_view(wave[:rows])  # waits for this stream
 
     @property
     def busy_seconds(self) -> float:
@@ -306,13 +408,20 @@ class DecoderRunner:
         )
         return self.partition.stream
 
-    def _eager(self, codes: np.ndarray, lengths: np.ndarray) -> Tensor:
+    def _eager(self, codes: np.ndarray, lengths: np.ndarray, frames: int) -> Tensor:
         codes_t = to_device(torch.from_numpy(codes), self.device)
         lengths_t = to_device(torch.from_numpy(lengths), self.device)
         with torch.inference_mode():
-            if self.device.type == "cuda":
-                return self._forward(codes_t, lengths_t, self.decoder)
-            return self.decoder.decode_unchecked(codes_t, lengths_t)
+            return self._call(codes_t, lengths_t, frames)
+
+    def _call(self, codes: Tensor, lengths: Tensor, frames: int) -> Tensor:
+        """``(B, G, L)`` codes on the device -> ``(B, frames * frame_samples)`` float32."""
+        if self.trim_context is not None:
+            assert self.head is not None
+            return self.decoder.decode_tail_unchecked(codes, lengths, frames, self.head)
+        if self.device.type == "cuda":
+            return self._forward(codes, lengths, self.decoder)[:, 0]
+        return self.decoder.decode_unchecked(codes, lengths)[:, 0]
 
     def _capture_all(self) -> None:
         """Warm up (compile) and capture every bucket, largest first (one shared memory pool)."""
@@ -320,17 +429,19 @@ class DecoderRunner:
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         groups = self.config.n_groups
+        context = self.trim_context or 0
         for fb in reversed(self.frame_buckets):
             for bb in reversed(self.batch_buckets):
-                codes = torch.zeros((bb, groups, fb), dtype=torch.int64, device=self.device)
-                lengths = torch.full((bb,), fb, dtype=torch.int64, device=self.device)
+                shape = (bb, groups, fb + context)
+                codes = torch.zeros(shape, dtype=torch.int64, device=self.device)
+                lengths = torch.full((bb,), fb + context, dtype=torch.int64, device=self.device)
                 with torch.cuda.stream(self.stream), torch.inference_mode():
                     for _ in range(2):  # compile / pick cuDNN algorithms outside the capture
-                        self._forward(codes, lengths, self.decoder)
+                        self._call(codes, lengths, fb)
                     self.stream.synchronize()
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool, stream=self.stream):
-                        wave = self._forward(codes, lengths, self.decoder)
+                        wave = self._call(codes, lengths, fb)
                 self.graphs[(bb, fb)] = (graph, codes, lengths, wave)
         log.info(
             "captured %d decoder CUDA graphs (batch %s x frames %s) in %.1f s",

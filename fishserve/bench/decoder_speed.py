@@ -4,8 +4,10 @@ Each job is one streaming chunk as the server decodes it: `left_context` frames 
 plus `chunk` new frames (`fishserve.audio.streaming`); B jobs go through one call. Modes:
 ``eager`` is one plain `decode_batch` call (conv1d, no compilation); the others run the
 server's `DecoderRunner` (one CUDA graph per shape bucket; on CPU it runs eager): ``graphs``
-with the PyTorch head, ``triton`` with the fused Triton head (the server's default on CUDA),
-``compiled`` with the PyTorch head fused by torch.compile.
+with the PyTorch head, ``triton`` with the fused Triton head and trimmed context (the
+server's default on CUDA: each layer computes only what the new frames need), ``triton-full``
+the same head decoding every context frame at every layer (before trimming), ``compiled`` with
+the PyTorch head fused by torch.compile.
 Reported: ms per call, new frames per second, real-time streams the decoder alone could feed
 (frames/s over the decoder's frame rate: 44,100 / 2,048 = 21.53 for the release), peak GPU
 memory, and the runner's start-up (compile + capture) time.
@@ -24,12 +26,12 @@ import torch
 from rich.console import Console
 
 from fishserve.audio.batching import DecodeJob, decode_batch
-from fishserve.audio.decoder_runner import DecoderRunner, frame_buckets_for
+from fishserve.audio.decoder_runner import DecoderRunner
 from fishserve.audio.streaming import ChunkPolicy, receptive_field_frames
 from fishserve.bench.tables import render_table, write_results
 from fishserve.models.firefly import FireflyGenerator
 
-MODES = ("eager", "graphs", "triton", "compiled")
+MODES = ("eager", "graphs", "triton", "triton-full", "compiled")
 
 
 @dataclass
@@ -78,9 +80,15 @@ def time_calls(call: Callable[[], object], cuda: bool, repeats: int) -> float:
 def build_runner(decoder: FireflyGenerator, max_batch: int, chunk: int, mode: str) -> DecoderRunner:
     """The server's runner for a `chunk`-frame schedule (buckets up to context + chunk)."""
     policy = ChunkPolicy(first_chunk_frames=chunk, chunk_frames=chunk)
-    buckets = frame_buckets_for(policy, decoder.config)
-    kernels = "triton" if mode == "triton" else "torch"
-    return DecoderRunner(decoder, max_batch, buckets, compile=mode == "compiled", kernels=kernels)
+    kernels = "triton" if mode.startswith("triton") else "torch"
+    return DecoderRunner.for_policy(
+        decoder,
+        policy,
+        max_batch,
+        trim=mode == "triton",
+        compile=mode == "compiled",
+        kernels=kernels,
+    )
 
 
 def bench_mode(

@@ -309,7 +309,9 @@ def bench_decoder(
         str,
         typer.Option(
             help="Comma list: eager (plain call), graphs (runner, PyTorch head), "
-            "triton (runner, Triton head; CUDA), compiled (runner, compiled PyTorch head)."
+            "triton (runner, Triton head, trimmed context; CUDA), triton-full (the same, "
+            "every context frame decoded at every layer), compiled (runner, compiled "
+            "PyTorch head)."
         ),
     ] = "eager,graphs",
     output: Annotated[Path | None, typer.Option(help="JSON results (+ .md table).")] = None,
@@ -332,7 +334,7 @@ def bench_decoder(
     mode_names = parse_names(modes, MODES, "--modes")
     dtype_names = parse_names(dtypes, tuple(DTYPES), "--dtypes")
     dev = resolve_device(device)
-    if "triton" in mode_names:
+    if any(name.startswith("triton") for name in mode_names):
         resolve_kernels("triton", dev)  # before the decoders load
     fmt = "auto" if decoder_checkpoint else "dummy"
     decoders = {

@@ -260,9 +260,9 @@ class DecodeWorker:
                 heapq.heappop(self._heap)
                 continue
             if not batch:  # before popping: if it raises, the job is still queued (and failed)
-                bucket = self.runner.frame_bucket(item[3].total_frames)
+                bucket = self.runner.frame_bucket(self.runner.job_frames(item[3]))
             heapq.heappop(self._heap)
-            (batch if item[3].total_frames <= bucket else skipped).append(item)
+            (batch if self.runner.job_frames(item[3]) <= bucket else skipped).append(item)
         for item in skipped:
             heapq.heappush(self._heap, item)
         if batch:

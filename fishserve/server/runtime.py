@@ -419,10 +419,10 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
         engine=AsyncEngine(engine, max_waiting=config.max_waiting),
         decoder=decoder,
         decode_worker=DecodeWorker(
-            DecoderRunner(
+            DecoderRunner.for_policy(
                 decoder,
+                policy,
                 config.max_decode_batch,
-                frame_buckets_for(policy, decoder.config),
                 use_graphs=not config.enforce_eager,
                 compile=config.decoder_compile,
                 kernels=config.decoder_kernels,

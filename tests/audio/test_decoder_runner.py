@@ -18,6 +18,7 @@ from fishserve.audio.decoder_runner import (
     DecoderRunner,
     decoder_batch_buckets,
     frame_buckets_for,
+    new_frame_buckets_for,
 )
 from fishserve.audio.streaming import ChunkPolicy, StreamingDecoder
 from fishserve.engine.sm_partition import SMPartitionError, check_sm_count, device_sm_count
@@ -59,6 +60,34 @@ def test_every_job_of_a_stream_fits_a_bucket(
         lengths.append(job.total_frames)
     assert lengths and max(lengths) <= buckets[-1]
     assert all(b % 8 == 0 for b in buckets)
+
+
+@pytest.mark.parametrize(
+    "policy", [ChunkPolicy(), ChunkPolicy(1, 4, growth=1.0), ChunkPolicy(7, 30, growth=1.5)]
+)
+def test_every_chunk_fits_a_new_frame_bucket(
+    tiny_decoder: FireflyGenerator, policy: ChunkPolicy
+) -> None:
+    buckets = new_frame_buckets_for(policy)
+    stream = StreamingDecoder(tiny_decoder, policy)
+    stream.push(random_codes(tiny_decoder.config.n_groups, 333, seed=1))
+    stream.close()
+    new = []
+    while (job := stream.next_job()) is not None:
+        new.append(job.new_frames)
+    assert new and max(new) <= buckets[-1] < max(new) + 8
+    assert buckets == tuple(range(8, buckets[-1] + 1, 8))
+
+
+def test_runner_for_a_policy_trims_only_with_the_triton_head(
+    tiny_decoder: FireflyGenerator,
+) -> None:
+    assert new_frame_buckets_for(ChunkPolicy()) == (8, 16, 24, 32, 40, 48, 56, 64)
+    runner = DecoderRunner.for_policy(tiny_decoder, ChunkPolicy(), 4)  # CPU: the PyTorch head
+    assert runner.kernels == "torch" and runner.trim_context is None
+    assert runner.frame_buckets == frame_buckets_for(ChunkPolicy(), tiny_decoder.config)
+    job = DecodeJob(random_codes(tiny_decoder.config.n_groups, 30, seed=2), 20)
+    assert runner.job_frames(job) == 30
 
 
 def jobs_of_mixed_lengths(groups: int) -> list[DecodeJob]:
@@ -160,3 +189,52 @@ def test_cuda_runner_on_an_sm_partition_matches_the_full_gpu(
     for a, b in zip(full.decode_jobs(jobs), part.decode_jobs(jobs), strict=True):
         assert a.shape == b.shape and np.abs(a - b).max() <= 1e-4
     assert part.busy_seconds > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_trimmed_cuda_runner_streams_the_one_shot_waveform(
+    tiny_decoder: FireflyGenerator,
+) -> None:
+    """Graphs of the trimmed Triton decode, fed a stream's chunks, give the clip's audio."""
+    from fishserve.models.firefly.triton_head import triton_head_available
+
+    if not triton_head_available():
+        pytest.skip("needs Triton")
+    torch.backends.cudnn.allow_tf32 = False
+    gpu = tiny_decoder.to("cuda")
+    policy = ChunkPolicy(first_chunk_frames=3, chunk_frames=12, growth=2.0)
+    runner = DecoderRunner.for_policy(gpu, policy, 4)
+    assert runner.trim_context == policy.context_frames(gpu.config) and runner.num_captures
+    codes = random_codes(gpu.config.n_groups, 70, seed=3)
+    stream = StreamingDecoder(gpu, policy)
+    stream.push(codes)
+    stream.close()
+    jobs = []
+    while (job := stream.next_job()) is not None:
+        jobs.append(job)
+    audio = np.concatenate(runner.decode_jobs(jobs[::-1])[::-1])  # mixed lengths in one call
+    whole, _ = gpu.decode(torch.from_numpy(codes)[None].cuda(), torch.tensor([70]))
+    assert audio.shape == (70 * gpu.config.frame_samples,)
+    assert np.abs(audio - whole[0, 0].cpu().numpy()).max() <= 1e-4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_trimmed_runner_at_full_size_in_bf16_matches_the_untrimmed_one() -> None:
+    """Released-size decoder, random weights (numerical fidelity, not speech quality)."""
+    from fishserve.models.firefly import build_dummy_firefly
+    from fishserve.models.firefly.triton_head import triton_head_available
+
+    if not triton_head_available():
+        pytest.skip("needs Triton")
+    decoder = build_dummy_firefly(device="cuda", dtype=torch.bfloat16)
+    policy = ChunkPolicy(first_chunk_frames=16, chunk_frames=24)
+    kw = {"use_graphs": False, "pad": True}
+    trimmed = DecoderRunner.for_policy(decoder, policy, 4, **kw)
+    full = DecoderRunner.for_policy(decoder, policy, 4, trim=False, **kw)
+    assert trimmed.trim_context == 15 and full.trim_context is None
+    codes = random_codes(decoder.config.n_groups, 60, seed=4)
+    jobs = [DecodeJob(codes[:, :16].copy(), 0), DecodeJob(codes[:, 1:40].copy(), 15)]
+    jobs.append(DecodeJob(codes[:, 5:60].copy(), 31))  # more context than needed: trimmed
+    for a, b in zip(trimmed.decode_jobs(jobs), full.decode_jobs(jobs), strict=True):
+        assert a.shape == b.shape
+        assert np.linalg.norm(a - b) <= 2e-2 * np.linalg.norm(b), np.abs(a - b).max()

@@ -253,3 +253,117 @@ def test_empty_batch_gives_empty_audio(monkeypatch) -> None:
     no_items = torch.zeros(0, 32, 5)
     assert fused(no_items).shape == head(no_items).shape == (0, 1, 5 * 64)  # hop 64
     assert fused(torch.zeros(2, 32, 0)).shape == (2, 1, 0)
+
+
+def test_tail_inputs_are_refused_before_launch() -> None:
+    """`out_len`, a residual longer than the output, and `valid` are checked (trimmed decode)."""
+    packed = PackedConv.from_conv(CausalConv1d(4, 6, 3))
+    x = torch.zeros(2, 9, 4)
+    with pytest.raises(ValueError, match="out_len must lie in"):
+        causal_conv_cl(x, packed, silu_in=True, out_len=10)
+    with pytest.raises(ValueError, match="residual: expected"):  # shorter than the output
+        causal_conv_cl(x, packed, silu_in=True, out_len=5, residual=torch.zeros(2, 4, 6))
+    with pytest.raises(ValueError, match="out: expected"):  # out must be out_len long
+        causal_conv_cl(x, packed, silu_in=True, out_len=5, out=torch.zeros(2, 9, 6))
+    for valid in (torch.tensor([3, 4], dtype=torch.int32), torch.tensor([3]), None):
+        if valid is None:
+            continue
+        with pytest.raises(ValueError, match="valid: expected"):
+            causal_conv_cl(x, packed, silu_in=True, valid=valid)
+
+
+TAIL_SCRIPT = """
+import dataclasses
+import numpy as np
+import torch
+import torch.nn.functional as F
+from fishserve.audio.batching import DecodeJob, decode_batch
+from fishserve.audio.decoder_runner import DecoderRunner
+from fishserve.audio.streaming import receptive_field_frames
+from fishserve.models.firefly import FireflyConfig, build_dummy_firefly
+from fishserve.models.firefly.config import HeadConfig
+from fishserve.models.firefly.layers import CausalConv1d, HiFiGANHead
+from fishserve.models.firefly.triton_head import PackedConv, TritonHead, causal_conv_cl
+torch.manual_seed(0)
+
+def close(got, want, what):
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    diff = (got - want).abs().max().item()
+    assert diff < 1e-5, (what, diff)
+
+# 1. one convolution: the last out_len steps, a longer residual, items starting late
+packed = PackedConv.from_conv(CausalConv1d(5, 6, 3, dilation=2))
+x, res = torch.randn(3, 20, 5), torch.randn(3, 15, 6)
+valid = torch.tensor([20, 7, 0])
+got = causal_conv_cl(x, packed, silu_in=False, out_len=11, residual=res, valid=valid)
+for b, v in enumerate(valid.tolist()[:2]):
+    item = F.pad(x[b, 20 - v:], (0, 0, 4, 0))  # the item alone, causally padded
+    full = packed.bias + sum(item[j * 2 : j * 2 + v] @ packed.weight[j] for j in range(3))
+    n = min(v, 11)
+    close(got[b, 11 - n:], full[v - n:] + res[b, 15 - n:], f"conv item {b}")
+
+# 2. a head: the tail of right-aligned latents (garbage before each item's start)
+cfg = HeadConfig(hop_length=6, upsample_rates=(3, 2), upsample_kernel_sizes=(5, 4),
+                 resblock_kernel_sizes=(3, 5), resblock_dilation_sizes=((1, 2), ()),
+                 num_mels=12, upsample_initial_channel=20, pre_conv_kernel_size=5,
+                 post_conv_kernel_size=3)
+head = HiFiGANHead(cfg).eval()
+fused = TritonHead(head)
+z = torch.randn(3, 30, 12) * 5
+valid = torch.tensor([30, 12, 5])
+with torch.inference_mode():
+    tail = fused.decode_tail(z.contiguous(), valid, 24)
+    for b, v in enumerate(valid.tolist()):
+        want = head(z[b : b + 1, 30 - v :].transpose(1, 2))[0, 0]
+        n = min(24, want.shape[0])
+        close(tail[b, 24 - n :], want[-n:], f"head item {b}")
+lengths = fused.tail_lengths(24)
+assert lengths[-1] == 24 + 2 and lengths[0] < 30, lengths  # conv_post reach 2; less than all
+
+# 3. a generator: each item's new frames, decoded as the whole window would be
+tiny = FireflyConfig.from_file(TINY_DIR + "/firefly_gan_vq_tiny.yaml")
+small = dataclasses.replace(
+    tiny,
+    spec_transform=dataclasses.replace(tiny.spec_transform, hop_length=8),
+    head=HeadConfig(hop_length=8, upsample_rates=(4, 2), upsample_kernel_sizes=(8, 4),
+                    resblock_kernel_sizes=(3, 5), resblock_dilation_sizes=((1, 2), (1,)),
+                    num_mels=tiny.quantizer.input_dim, upsample_initial_channel=16,
+                    pre_conv_kernel_size=5, post_conv_kernel_size=3),
+)
+gen = build_dummy_firefly(small)
+fs = small.frame_samples
+codes = torch.randint(0, 500, (3, 4, 9))
+lengths = torch.tensor([9, 6, 2])
+with torch.inference_mode():
+    got = gen.decode_tail_unchecked(codes, lengths, 3, TritonHead(gen.head))
+    ref = gen.decode_unchecked(codes, lengths)
+for b, n in enumerate(lengths.tolist()):
+    k = min(n, 3)
+    close(got[b, (3 - k) * fs :], ref[b, 0, (n - k) * fs : n * fs], f"generator item {b}")
+
+# 4. the runner: trimmed jobs give the audio of decoding every frame (exact context)
+context = receptive_field_frames(small)
+runner = DecoderRunner(gen, 4, (4, 8), kernels="triton", trim_context=context, pad=True)
+assert runner.kernels == "triton" and runner.trim_context == context
+rng = np.random.default_rng(0)
+shapes = [(0, 5), (context, 8), (context + 3, 2), (1, 1), (context, 11)]  # 11 > every bucket
+jobs = [DecodeJob(rng.integers(0, 500, (4, c + n), dtype=np.int64), c) for c, n in shapes]
+assert [runner.job_frames(job) for job in jobs] == [5, 8, 2, 1, 11]
+for got, want in zip(runner.decode_jobs(jobs), decode_batch(gen, jobs), strict=True):
+    close(torch.from_numpy(got), torch.from_numpy(want), "runner job")
+assert runner.frames_decoded == 27 and runner.calls == 2
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not triton_head_available(), reason="Triton is not installed")
+def test_trimmed_decode_matches_the_full_decode_in_the_interpreter() -> None:
+    """The trimmed ("tail") decode at every level (one conv, the head, the generator, the
+    runner) computes exactly the samples of the untrimmed decode."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    script = TAIL_SCRIPT.replace("TINY_DIR", repr(str(TINY)))
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok")

@@ -32,6 +32,9 @@ class GatedRunner:
     def frame_bucket(self, frames: int) -> int:
         return -(-frames // 8) * 8
 
+    def job_frames(self, job: DecodeJob) -> int:
+        return job.total_frames
+
     def decode_jobs(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
         tags = [int(job.codes[0, 0]) for job in jobs]
         self.calls.append(tags)

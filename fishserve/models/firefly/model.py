@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -17,6 +18,9 @@ from .config import FireflyConfig
 from .fsq import DownsampleFSQ
 from .layers import ConvNeXtEncoder, HiFiGANHead
 from .spectrogram import LogMelSpectrogram
+
+if TYPE_CHECKING:
+    from .triton_head import TritonHead
 
 __all__ = ["EncodeOutput", "FireflyGenerator", "sequence_mask"]
 
@@ -149,6 +153,42 @@ class FireflyGenerator(nn.Module):
             wav = self.head(z).float()
         mask = sequence_mask(lengths * factor * hop, wav.shape[-1])[:, None]
         return wav * mask.float()
+
+    def decode_tail_unchecked(
+        self, codes: Tensor, lengths: Tensor, new_frames: int, head: TritonHead
+    ) -> Tensor:
+        """The samples of each item's last `new_frames` frames, computing only what they need.
+
+        The chunk decode of a stream: item b is ``codes[b, :, :lengths[b]]`` (left-aligned,
+        oldest frame first, as for :meth:`decode_unchecked`), decoded as if it were a whole clip
+        (causal zero padding before its first frame), and only the samples of its frames
+        ``[lengths[b] - new_frames, lengths[b])`` are returned. The latent (cheap, ~3% of the
+        work) is computed for every frame; the HiFi-GAN head (:meth:`TritonHead.decode_tail`)
+        skips, at each layer, the steps that those samples do not depend on, so a chunk with
+        ``C`` frames of left context costs about ``new_frames`` plus the *remaining* reach of
+        each layer instead of ``C + new_frames`` frames everywhere (issue 8).
+
+        Args:
+            codes: ``(B, G, W)`` int64 codes on the decoder's device, ``W >= 1``.
+            lengths: ``(B,)`` int64 valid frames per item, each in ``[0, W]`` (not checked);
+                ``lengths[b] < new_frames`` gives leading samples before the item's start
+                (meaningless: drop them).
+            new_frames: frames of output per item, ``<= W``.
+            head: the decoder's head as a :class:`TritonHead`.
+
+        Returns:
+            ``(B, new_frames * frame_samples)`` float32 at ``config.sample_rate`` Hz.
+        """
+        factor = self.config.downsample_factor
+        z = self.quantizer.upsample_latent(self.quantizer.decode_codes(codes).to(self.dtype))
+        steps, channels = z.shape[-1], z.shape[1]
+        valid = lengths * factor
+        # right-align each item: step t of the result is step t - (steps - valid) of z (the
+        # wrapped-around steps land before the item's start, where the head reads zeros)
+        index = torch.arange(steps, device=z.device)[None, :] - (steps - valid)[:, None]
+        index = torch.remainder(index, steps)[:, :, None].expand(-1, -1, channels)
+        x = z.transpose(1, 2).gather(1, index)
+        return head.decode_tail(x, valid, new_frames * self.config.frame_samples).float()
 
     def forward(self, codes: Tensor, feature_lengths: Tensor) -> tuple[Tensor, Tensor]:
         """Alias of :meth:`decode` (the generator's inference direction)."""

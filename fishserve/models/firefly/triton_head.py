@@ -60,7 +60,11 @@ if triton is not None:
         res_ptr,
         acc_ptr,
         out_ptr,
-        seq_len,
+        valid_ptr,
+        in_len,
+        out_len,
+        res_len,
+        rate,
         scale,
         C_IN: tl.constexpr,
         C_OUT: tl.constexpr,
@@ -69,6 +73,7 @@ if triton is not None:
         SILU_IN: tl.constexpr,
         HAS_RES: tl.constexpr,
         HAS_ACC: tl.constexpr,
+        HAS_VALID: tl.constexpr,
         TANH_OUT: tl.constexpr,
         IEEE: tl.constexpr,
         BLOCK_T: tl.constexpr,
@@ -82,14 +87,17 @@ if triton is not None:
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
         n_ok = offs_n < C_OUT
-        x_base = x_ptr + batch * seq_len * C_IN
+        x_base = x_ptr + batch * in_len * C_IN
+        lo = 0  # first input row of this item: rows before it read as zeros (causal padding)
+        if HAS_VALID:
+            lo = tl.maximum(in_len - tl.load(valid_ptr + batch).to(tl.int32) * rate, 0)
         acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
         steps: tl.constexpr = (C_IN + BLOCK_K - 1) // BLOCK_K  # channel slices per tap
         for it in range(KSIZE * steps):  # one flat loop over (tap, slice): software-pipelined
             j = it // steps
             kk = (it % steps) * BLOCK_K + offs_k
-            t_src = offs_t - (KSIZE - 1 - j) * DIL
-            t_ok = (t_src >= 0) & (t_src < seq_len)
+            t_src = offs_t + (in_len - out_len) - (KSIZE - 1 - j) * DIL
+            t_ok = (t_src >= lo) & (t_src < in_len)
             k_ok = kk < C_IN
             xv = tl.load(
                 x_base + t_src[:, None] * C_IN + kk[None, :],
@@ -111,10 +119,12 @@ if triton is not None:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         if TANH_OUT:
             acc = 2.0 * tl.sigmoid(2.0 * acc) - 1.0
-        out_off = (batch * seq_len + offs_t[:, None]) * C_OUT + offs_n[None, :]
-        o_ok = (offs_t < seq_len)[:, None] & n_ok[None, :]
-        if HAS_RES:
-            acc += tl.load(res_ptr + out_off, mask=o_ok, other=0.0).to(tl.float32)
+        out_off = (batch * out_len + offs_t[:, None]) * C_OUT + offs_n[None, :]
+        o_ok = (offs_t < out_len)[:, None] & n_ok[None, :]
+        if HAS_RES:  # the residual is right-aligned with the output (its last out_len rows)
+            res_t = batch * res_len + offs_t + (res_len - out_len)
+            res_off = res_t[:, None] * C_OUT + offs_n[None, :]
+            acc += tl.load(res_ptr + res_off, mask=o_ok, other=0.0).to(tl.float32)
         acc = acc * scale
         if HAS_ACC:
             acc += tl.load(acc_ptr + out_off, mask=o_ok, other=0.0).to(tl.float32)
@@ -210,7 +220,7 @@ def _blocks(c_in: int, c_out: int, elem_bytes: int) -> tuple[int, int, int, int]
     return block_t, block_n, block_k, 4
 
 
-def _check_io(x: Tensor, conv: PackedConv, extra: dict[str, Tensor | None]) -> None:
+def _check_io(x: Tensor, conv: PackedConv, out_len: int, extra: dict[str, Tensor | None]) -> None:
     """Raise ValueError unless every tensor is what the kernel assumes (module docstring)."""
     if x.ndim != 3 or x.shape[2] != conv.weight.shape[1] or not x.is_contiguous():
         raise ValueError(
@@ -224,11 +234,16 @@ def _check_io(x: Tensor, conv: PackedConv, extra: dict[str, Tensor | None]) -> N
         )
     if x.shape[1] * max(x.shape[2], conv.weight.shape[2]) >= MAX_ELEMENTS_PER_ITEM:
         raise ValueError(f"x: {x.shape[1]} steps per item is too long for 32-bit offsets")
-    want = (x.shape[0], x.shape[1], conv.weight.shape[2])
+    if not 0 <= out_len <= x.shape[1]:
+        raise ValueError(f"out_len must lie in [0, {x.shape[1]}] (input steps), got {out_len}")
+    want = (x.shape[0], out_len, conv.weight.shape[2])
     for name, t in extra.items():
         if t is None:
             continue
-        if tuple(t.shape) != want or not t.is_contiguous() or t.dtype != x.dtype:
+        # the residual may be longer than the output: its last out_len steps are added
+        longer = name == "residual" and t.ndim == 3 and t.shape[1] >= out_len
+        shape_ok = tuple(t.shape) == want or (longer and (t.shape[0], t.shape[2]) == want[::2])
+        if not shape_ok or not t.is_contiguous() or t.dtype != x.dtype:
             raise ValueError(f"{name}: expected a contiguous {x.dtype} tensor of shape {want}")
         shares_x = t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
         if t.device != x.device or (name != "residual" and shares_x):
@@ -245,6 +260,9 @@ def causal_conv_cl(
     accumulate: Tensor | None = None,
     tanh_out: bool = False,
     out: Tensor | None = None,
+    out_len: int | None = None,
+    valid: Tensor | None = None,
+    rate: int = 1,
 ) -> Tensor:
     """One fused causal convolution on channels-last activations (module docstring).
 
@@ -252,26 +270,42 @@ def causal_conv_cl(
         x: ``(B, T, C_in)`` contiguous, in the weights' dtype.
         conv: packed weights (``C_out`` output channels, see :class:`PackedConv`).
         silu_in: apply SiLU to the input as it is loaded.
-        residual: ``(B, T, C_out)`` added before ``scale``; accumulate: added after it.
+        residual: ``(B, T_r, C_out)`` with ``T_r >= T_out``, its last ``T_out`` steps added
+            before ``scale``; accumulate: ``(B, T_out, C_out)``, added after it.
         scale: multiplies ``conv + residual``. tanh_out: ``tanh`` of ``conv`` (before residual).
         out: where to write (may be ``accumulate`` itself); a new tensor by default.
+        out_len: ``T_out``, compute only the last ``T_out`` of the ``T`` output steps (default
+            ``T``): output step ``t`` is the full convolution's step ``t + T - T_out``. This is
+            how a chunk's decode skips what its new samples do not depend on.
+        valid: ``(B,)`` int64, item b's signal is its last ``valid[b] * rate`` input steps (the
+            data is right-aligned); steps before them read as zeros, exactly the causal zero
+            padding of a signal that starts there. Default: every step is signal.
+        rate: input steps per unit of ``valid``.
 
     Returns:
-        ``(B, T, C_out)`` in ``x.dtype``.
+        ``(B, T_out, C_out)`` in ``x.dtype``.
 
     Raises:
         ValueError: ``x`` is not a contiguous ``(B, T, C_in)`` tensor in the weights' dtype and
-            device, an item is too long for 32-bit offsets (``T * C >= 2**31``), or
-            ``residual``/``accumulate``/``out`` is not a contiguous ``(B, T, C_out)`` tensor like
-            ``x`` (``out`` and ``accumulate`` must not be ``x``).
+            device, an item is too long for 32-bit offsets (``T * C >= 2**31``), ``out_len`` is
+            outside ``[0, T]``, ``residual``/``accumulate``/``out`` is not a contiguous tensor
+            like ``x`` of the shapes above (``out`` and ``accumulate`` must not be ``x``), or
+            ``valid`` is not a ``(B,)`` int64 tensor on ``x``'s device.
     """
-    _check_io(x, conv, {"residual": residual, "accumulate": accumulate, "out": out})
+    out_len = x.shape[1] if out_len is None else out_len
+    _check_io(x, conv, out_len, {"residual": residual, "accumulate": accumulate, "out": out})
+    if valid is not None and (
+        valid.shape != (x.shape[0],) or valid.dtype != torch.int64 or valid.device != x.device
+    ):
+        raise ValueError(f"valid: expected a ({x.shape[0]},) int64 tensor on {x.device}")
     batch, seq_len, c_in = x.shape
     c_out = conv.weight.shape[2]
     if out is None:
-        out = torch.empty((batch, seq_len, c_out), dtype=x.dtype, device=x.device)
+        out = torch.empty((batch, out_len, c_out), dtype=x.dtype, device=x.device)
     block_t, block_n, block_k, warps = _blocks(c_in, c_out, x.element_size())
-    grid = (triton.cdiv(seq_len, block_t), triton.cdiv(c_out, block_n), batch)
+    grid = (triton.cdiv(out_len, block_t), triton.cdiv(c_out, block_n), batch)
+    if out_len == 0 or batch == 0:
+        return out
     _causal_conv_kernel[grid](
         x,
         conv.weight,
@@ -279,7 +313,11 @@ def causal_conv_cl(
         residual if residual is not None else x,
         accumulate if accumulate is not None else x,
         out,
+        valid if valid is not None else x,
         seq_len,
+        out_len,
+        residual.shape[1] if residual is not None else out_len,
+        rate,
         scale,
         C_IN=c_in,
         C_OUT=c_out,
@@ -288,6 +326,7 @@ def causal_conv_cl(
         SILU_IN=silu_in,
         HAS_RES=residual is not None,
         HAS_ACC=accumulate is not None,
+        HAS_VALID=valid is not None,
         TANH_OUT=tanh_out,
         IEEE=x.dtype == torch.float32,
         BLOCK_T=block_t,
@@ -348,6 +387,87 @@ class TritonHead:
         wav = causal_conv_cl(x, self.post, silu_in=True, tanh_out=True)
         return wav.view(wav.shape[0], 1, wav.shape[1])  # (B, T, 1) and (B, 1, T) share memory
 
+    @property
+    def hop(self) -> int:
+        """Output samples per input step (the product of the upsampling rates)."""
+        return math.prod(stage.up.upsample for stage in self.stages)
+
+    def tail_lengths(self, out_samples: int) -> list[int]:
+        """Steps each layer must produce for the last `out_samples` output samples.
+
+        Walking back from the output, each convolution needs its own left reach
+        (``(K-1) * dilation`` steps) more input than output, a ParallelBlock the reach of its
+        longest ResBlock, and an upsampling ``s`` needs ``ceil(n / s)`` rows plus its taps.
+
+        Returns:
+            ``[pre_in, pre_out, block_0_in, block_0_out, ..., block_n_out]``: input steps of
+            ``conv_pre`` (latent steps), its output (= the first upsampling's input rows), then
+            per stage the ParallelBlock's input and output steps; ``conv_post`` reads
+            ``block_n_out`` steps and writes ``out_samples``.
+        """
+        need = out_samples + _reach(self.post)
+        blocks: list[int] = []
+        for stage in reversed(self.stages):
+            blocks = [need + _block_reach(stage.resblocks), need, *blocks]
+            need = -(-blocks[0] // stage.up.upsample) + _reach(stage.up)
+        return [need + _reach(self.pre), need, *blocks]
+
+    def decode_tail(self, x: Tensor, valid: Tensor, out_samples: int) -> Tensor:
+        """The last `out_samples` waveform samples of right-aligned latents, skipping the work
+        they do not depend on (what :meth:`__call__` computes, trimmed at every layer).
+
+        Args:
+            x: ``(B, T, num_mels)`` channels-last latent, contiguous, in the weights' dtype;
+                item b's latent is its last ``valid[b]`` steps (steps before them are treated
+                as zeros, i.e. item b's signal starts there, as in a one-shot decode).
+            valid: ``(B,)`` int64 latent steps of each item, ``<= T``.
+            out_samples: samples wanted, at most ``T * hop``.
+
+        Returns:
+            ``(B, out_samples)`` in the weights' dtype: for items with ``valid[b] * hop >=
+            out_samples``, equal (up to rounding) to the last `out_samples` samples of
+            ``self(z)`` on the item's latent alone. Work per layer is the samples wanted plus the
+            layers' left reach, not the whole ``T``.
+
+        Raises:
+            ValueError: see :func:`causal_conv_cl`; `out_samples` outside ``[0, T * hop]``.
+        """
+        if not 0 <= out_samples <= x.shape[1] * self.hop:
+            raise ValueError(f"out_samples must lie in [0, {x.shape[1] * self.hop}]")
+        lengths = self.tail_lengths(out_samples)
+        x = causal_conv_cl(
+            x, self.pre, silu_in=False, out_len=min(lengths[1], x.shape[1]), valid=valid
+        )
+        rate = 1
+        for i, stage in enumerate(self.stages):
+            step = stage.up.upsample
+            rows = min(-(-lengths[2 + 2 * i] // step), x.shape[1])
+            x = causal_conv_cl(x, stage.up, silu_in=True, out_len=rows, valid=valid, rate=rate)
+            rate *= step
+            x = x.view(x.shape[0], rows * step, -1)
+            out_len = min(lengths[3 + 2 * i], x.shape[1])
+            x = _parallel_block(x, stage.resblocks, out_len=out_len, valid=valid, rate=rate)
+        wav = causal_conv_cl(
+            x,
+            self.post,
+            silu_in=True,
+            tanh_out=True,
+            out_len=out_samples,
+            valid=valid,
+            rate=rate,
+        )
+        return wav.view(wav.shape[0], wav.shape[1])
+
+
+def _reach(conv: PackedConv) -> int:
+    """Input steps before an output step that the conv reads: ``(K - 1) * dilation``."""
+    return (conv.kernel_size - 1) * conv.dilation
+
+
+def _block_reach(resblocks: tuple[tuple[tuple[PackedConv, PackedConv], ...], ...]) -> int:
+    """Left reach of a ParallelBlock: that of its longest ResBlock (two convs per dilation)."""
+    return max(sum(_reach(c1) + _reach(c2) for c1, c2 in pairs) for pairs in resblocks)
+
 
 def _pack_block(block: ParallelBlock) -> tuple[tuple[tuple[PackedConv, PackedConv], ...], ...]:
     return tuple(
@@ -360,27 +480,48 @@ def _pack_block(block: ParallelBlock) -> tuple[tuple[tuple[PackedConv, PackedCon
 
 
 def _parallel_block(
-    x: Tensor, resblocks: tuple[tuple[tuple[PackedConv, PackedConv], ...], ...]
+    x: Tensor,
+    resblocks: tuple[tuple[tuple[PackedConv, PackedConv], ...], ...],
+    out_len: int | None = None,
+    valid: Tensor | None = None,
+    rate: int = 1,
 ) -> Tensor:
     """Mean over ResBlocks of ``h = h + c2(silu(c1(silu(h))))`` per dilation, all from ``x``.
 
     The last conv of each ResBlock adds ``(h + c2(...)) / n`` into the running mean in its
-    epilogue, so the mean costs no extra pass over memory.
+    epilogue, so the mean costs no extra pass over memory. With `out_len`, only the last
+    `out_len` steps are computed, each conv producing just what the rest of its ResBlock reads
+    (`valid`, `rate`: see :func:`causal_conv_cl`).
     """
+    out_len = x.shape[1] if out_len is None else out_len
     total: Tensor | None = None
     scale = 1.0 / len(resblocks)
     for pairs in resblocks:
         if not pairs:  # a ResBlock without dilations is the identity
-            total = x * scale if total is None else total + x * scale
+            tail = x[:, x.shape[1] - out_len :]
+            total = tail * scale if total is None else total + tail * scale
             continue
         h = x
+        left = sum(_reach(c1) + _reach(c2) for c1, c2 in pairs)  # reach still ahead
         for i, (c1, c2) in enumerate(pairs):
-            y = causal_conv_cl(h, c1, silu_in=True)
+            left -= _reach(c1) + _reach(c2)
+            y_len = min(out_len + left + _reach(c2), h.shape[1])
+            kw = {"valid": valid, "rate": rate}
+            y = causal_conv_cl(h, c1, silu_in=True, out_len=y_len, **kw)
+            h_len = min(out_len + left, y_len)
             if i < len(pairs) - 1:
-                h = causal_conv_cl(y, c2, silu_in=True, residual=h)
+                h = causal_conv_cl(y, c2, silu_in=True, residual=h, out_len=h_len, **kw)
             else:
                 total = causal_conv_cl(
-                    y, c2, silu_in=True, residual=h, scale=scale, accumulate=total, out=total
+                    y,
+                    c2,
+                    silu_in=True,
+                    residual=h,
+                    scale=scale,
+                    accumulate=total,
+                    out=total,
+                    out_len=out_len,
+                    **kw,
                 )
     assert total is not None
     return total
