@@ -219,7 +219,7 @@ def test_trimmed_cuda_runner_streams_the_one_shot_waveform(
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_trimmed_runner_at_full_size_in_bf16_matches_the_untrimmed_one() -> None:
+def test_trimmed_cuda_runner_at_full_size_in_bf16_matches_the_untrimmed_one() -> None:
     """Released-size decoder, random weights (numerical fidelity, not speech quality)."""
     from fishserve.models.firefly import build_dummy_firefly
     from fishserve.models.firefly.triton_head import triton_head_available
