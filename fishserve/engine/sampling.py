@@ -84,9 +84,13 @@ def noise_counter(segment: Tensor, frame: Tensor, slot: int) -> Tensor:
     return (segment << 24) | ((frame & 0xFFFFF) << 4) | slot
 
 
-@gpu_fused
 def exponential_noise(seeds: Tensor, counters: Tensor, vocab: int) -> Tensor:
     """Exponential(1) samples from a hash of (seed, counter, index).
+
+    A batch of one runs as two copies of its row: torch.compile specialises on a size of 1,
+    and the first such call while serving (a lone row of the exact top-p fallback) compiled a
+    new kernel for ~2 s on the H200 (docs/benchmarks.md §6.9). Rows are independent, so the
+    values are the same.
 
     Args:
         seeds: int64 (B,) 32-bit seeds.
@@ -96,6 +100,13 @@ def exponential_noise(seeds: Tensor, counters: Tensor, vocab: int) -> Tensor:
     Returns:
         float32 (B, V), strictly positive.
     """
+    if seeds.shape[0] == 1:
+        return _exponential_noise(seeds.repeat(2), counters.repeat(2), vocab)[:1]
+    return _exponential_noise(seeds, counters, vocab)
+
+
+@gpu_fused
+def _exponential_noise(seeds: Tensor, counters: Tensor, vocab: int) -> Tensor:
     ids = torch.arange(vocab, device=seeds.device)
     return _noise(seeds, counters, ids[None, :])
 

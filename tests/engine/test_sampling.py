@@ -43,8 +43,8 @@ def test_noise_is_exponential_and_batch_invariant():
     assert torch.equal(noise[0], noise[2]) and not torch.equal(noise[0], noise[1])
     assert (noise > 0).all()
     assert abs(noise.mean().item() - 1.0) < 0.02 and abs(noise.std().item() - 1.0) < 0.03
-    alone = exponential_noise(seeds[1:2], counters[1:2], 50_000)
-    assert torch.equal(alone[0], noise[1])
+    alone = exponential_noise(seeds[1:2], counters[1:2], 50_000)  # a batch of one: 2 rows run
+    assert alone.shape == (1, 50_000) and torch.equal(alone[0], noise[1])
 
 
 def test_sample_frequencies_follow_the_distribution():
