@@ -304,9 +304,13 @@ class DecodeWorker:
             _fail_unfinished(live)
             raise
         if (seconds := time.perf_counter() - start) > SLOW_CALL_S:
-            frames = sum(job.total_frames for job, _ in live)
+            frames = sum(self.runner.job_frames(job) for job, _ in live)
             log.warning(
-                "slow decoder call: %.2f s for %d chunks, %d frames", seconds, len(live), frames
+                "slow decoder call: %.2f s for %d chunks, %d frames (new, or all with their "
+                "context where the runner does not trim)",
+                seconds,
+                len(live),
+                frames,
             )
         try:
             for (_, fut), samples in zip(live, audio, strict=True):
