@@ -39,6 +39,17 @@ def test_decoder_batch_buckets_are_exact_up_to_eight() -> None:
     assert decoder_batch_buckets(48) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 48]
 
 
+def stream_jobs(decoder: FireflyGenerator, policy: ChunkPolicy) -> list[DecodeJob]:
+    """Every job of a 333-frame stream chunked by `policy`."""
+    stream = StreamingDecoder(decoder, policy)
+    stream.push(random_codes(decoder.config.n_groups, 333, seed=1))
+    stream.close()
+    jobs = []
+    while (job := stream.next_job()) is not None:
+        jobs.append(job)
+    return jobs
+
+
 @pytest.mark.parametrize(
     "policy",
     [
@@ -52,12 +63,7 @@ def test_every_job_of_a_stream_fits_a_bucket(
     tiny_decoder: FireflyGenerator, policy: ChunkPolicy
 ) -> None:
     buckets = frame_buckets_for(policy, tiny_decoder.config)
-    stream = StreamingDecoder(tiny_decoder, policy)
-    stream.push(random_codes(tiny_decoder.config.n_groups, 333, seed=1))
-    stream.close()
-    lengths = []
-    while (job := stream.next_job()) is not None:
-        lengths.append(job.total_frames)
+    lengths = [job.total_frames for job in stream_jobs(tiny_decoder, policy)]
     assert lengths and max(lengths) <= buckets[-1]
     assert all(b % 8 == 0 for b in buckets)
 
@@ -69,12 +75,7 @@ def test_every_chunk_fits_a_new_frame_bucket(
     tiny_decoder: FireflyGenerator, policy: ChunkPolicy
 ) -> None:
     buckets = new_frame_buckets_for(policy)
-    stream = StreamingDecoder(tiny_decoder, policy)
-    stream.push(random_codes(tiny_decoder.config.n_groups, 333, seed=1))
-    stream.close()
-    new = []
-    while (job := stream.next_job()) is not None:
-        new.append(job.new_frames)
+    new = [job.new_frames for job in stream_jobs(tiny_decoder, policy)]
     assert new and max(new) <= buckets[-1] < max(new) + 8
     assert buckets == tuple(range(8, buckets[-1] + 1, 8))
 
