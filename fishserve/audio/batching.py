@@ -26,7 +26,14 @@ from fishserve.models.firefly import FireflyGenerator
 if TYPE_CHECKING:
     from .streaming import StreamingDecoder
 
-__all__ = ["DecodeJob", "decode_batch", "decode_streams", "pad_jobs", "split_samples"]
+__all__ = [
+    "DecodeJob",
+    "check_groups",
+    "decode_batch",
+    "decode_streams",
+    "pad_jobs",
+    "split_samples",
+]
 
 
 @dataclass(frozen=True)
@@ -105,14 +112,19 @@ def pad_jobs(jobs: Sequence[DecodeJob], groups: int) -> tuple[np.ndarray, np.nda
     Raises:
         ValueError: a job's codes do not have ``groups`` rows.
     """
-    bad = [job.codes.shape for job in jobs if job.codes.shape[0] != groups]
-    if bad:
-        raise ValueError(f"decoder expects {groups} codebooks per frame, got jobs of shape {bad}")
+    check_groups(jobs, groups)
     lengths = np.array([job.total_frames for job in jobs], dtype=np.int64)
     codes = np.zeros((len(jobs), groups, int(lengths.max())), dtype=np.int64)
     for row, job in zip(codes, jobs, strict=True):
         row[:, : job.total_frames] = job.codes
     return codes, lengths
+
+
+def check_groups(jobs: Sequence[DecodeJob], groups: int) -> None:
+    """Raise ValueError unless every job's codes have `groups` rows (codebooks per frame)."""
+    bad = [job.codes.shape for job in jobs if job.codes.shape[0] != groups]
+    if bad:
+        raise ValueError(f"decoder expects {groups} codebooks per frame, got jobs of shape {bad}")
 
 
 def split_samples(samples: np.ndarray, jobs: Sequence[DecodeJob], frame: int) -> list[np.ndarray]:

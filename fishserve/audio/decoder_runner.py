@@ -40,7 +40,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -54,10 +53,14 @@ from fishserve.engine.graph_decoder import graph_buckets
 from fishserve.engine.host_copy import PinnedDownload, copy_to_device_, to_device
 from fishserve.engine.sm_partition import SMPartition, make_partition
 from fishserve.models.firefly import FireflyConfig, FireflyGenerator
-from fishserve.models.firefly.triton_head import TritonHead, triton_head_available
+from fishserve.models.firefly.triton_head import (
+    TritonHead,
+    triton_head_available,
+    triton_interpreted,
+)
 from fishserve.models.fusion import gpu_fused
 
-from .batching import DecodeJob, pad_jobs, split_samples
+from .batching import DecodeJob, check_groups, pad_jobs, split_samples
 from .streaming import ChunkPolicy
 
 log = logging.getLogger(__name__)
@@ -71,11 +74,6 @@ __all__ = [
     "resolve_kernels",
 ]
 DECODER_KERNELS = ("auto", "triton", "torch")
-
-
-def _interpreted() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``: tests)."""
-    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
 
 
 def _triton_head_missing(device: torch.device, capability: bool) -> str:
@@ -105,7 +103,8 @@ def resolve_kernels(kernels: str, device: torch.device, capability: bool = True)
     if kernels not in DECODER_KERNELS:
         raise ValueError(f"decoder kernels must be one of {', '.join(DECODER_KERNELS)}")
     missing = _triton_head_missing(device, capability)
-    if kernels == "triton" and device.type == "cpu" and _interpreted() and triton_head_available():
+    interpreter = device.type == "cpu" and triton_interpreted() and triton_head_available()
+    if kernels == "triton" and interpreter:
         return "triton"  # Triton's CPU interpreter, asked for by name: how tests run the kernels
     if kernels == "triton" and missing:
         raise ValueError(
@@ -343,11 +342,7 @@ class DecoderRunner:
         and its new frames, left-aligned in a ``(B, G, bucket + trim_context)`` call."""
         groups, context = self.config.n_groups, self.trim_context
         assert context is not None
-        bad = [job.codes.shape for job in jobs if job.codes.shape[0] != groups]
-        if bad:
-            raise ValueError(
-                f"decoder expects {groups} codebooks per frame, got jobs of shape {bad}"
-            )
+        check_groups(jobs, groups)
         new = max(job.new_frames for job in jobs)
         b = len(jobs)
         bb = next(size for size in self.batch_buckets if size >= b) if self.pad else b

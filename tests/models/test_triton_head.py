@@ -265,9 +265,7 @@ def test_tail_inputs_are_refused_before_launch() -> None:
         causal_conv_cl(x, packed, silu_in=True, out_len=5, residual=torch.zeros(2, 4, 6))
     with pytest.raises(ValueError, match="out: expected"):  # out must be out_len long
         causal_conv_cl(x, packed, silu_in=True, out_len=5, out=torch.zeros(2, 9, 6))
-    for valid in (torch.tensor([3, 4], dtype=torch.int32), torch.tensor([3]), None):
-        if valid is None:
-            continue
+    for valid in (torch.tensor([3, 4], dtype=torch.int32), torch.tensor([3])):
         with pytest.raises(ValueError, match="valid: expected"):
             causal_conv_cl(x, packed, silu_in=True, valid=valid)
 

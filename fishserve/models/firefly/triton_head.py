@@ -42,7 +42,18 @@ except ImportError:  # CPU-only installs: the PyTorch head is used instead
     triton = None
     tl = None
 
-__all__ = ["PackedConv", "TritonHead", "causal_conv_cl", "triton_head_available"]
+__all__ = [
+    "PackedConv",
+    "TritonHead",
+    "causal_conv_cl",
+    "triton_head_available",
+    "triton_interpreted",
+]
+
+
+def triton_interpreted() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``: tests)."""
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
 
 
 def triton_head_available() -> bool:
@@ -360,8 +371,7 @@ class TritonHead:
         if triton is None:
             raise RuntimeError("the Triton head needs Triton (pip install triton)")
         device = head.conv_pre.conv.weight.device
-        interpret = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
-        if device.type != "cuda" and not interpret:
+        if device.type != "cuda" and not triton_interpreted():
             raise ValueError(f"the Triton head runs on CUDA devices, not {device}")
         self.pre = PackedConv.from_conv(head.conv_pre)
         self.stages = tuple(
