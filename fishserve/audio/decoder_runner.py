@@ -300,6 +300,11 @@ class DecoderRunner:
         """Frames a job of `frames` runs as: the next frame bucket (`frames` past the last)."""
         return next((size for size in self.frame_buckets if size >= frames), frames)
 
+    def batch_bucket(self, jobs: int) -> int:
+        """Rows a call of `jobs` (<= `max_batch`) jobs runs as: the next batch bucket when
+        padding, else `jobs`."""
+        return next(size for size in self.batch_buckets if size >= jobs) if self.pad else jobs
+
     @property
     def num_captures(self) -> int:
         """CUDA graphs captured at start-up."""
@@ -345,7 +350,7 @@ class DecoderRunner:
         check_groups(jobs, groups)
         new = max(job.new_frames for job in jobs)
         b = len(jobs)
-        bb = next(size for size in self.batch_buckets if size >= b) if self.pad else b
+        bb = self.batch_bucket(b)
         frames = self.frame_bucket(new) if self.pad else new
         codes = np.zeros((bb, groups, frames + context), dtype=np.int64)
         lengths = np.zeros(bb, dtype=np.int64)

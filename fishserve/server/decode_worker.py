@@ -2,9 +2,10 @@
 
 Requests hand their ready chunks (`DecodeJob`s) to one worker with a deadline: the moment the
 stream's client would run out of audio (for a first chunk: now). The worker takes the queued
-job with the earliest deadline and, up to `max_batch`, the next earliest that fit its frame
-bucket (a call pads every job to its longest, so a short first chunk beside long chunks would
-cost as much as they do), and decodes them in one call of the
+job with the earliest deadline and, up to `max_batch`, the next earliest that fit one frame
+bucket, the bucket that decodes the most new frames per unit of cost (a call pads every job to
+its longest and has a fixed cost: `fishserve.server.decode_plan`), and decodes them in one call
+of the
 `DecoderRunner` (fixed shapes, CUDA graphs, its own CUDA stream), so concurrent streams share
 decoder calls, first chunks (time to first audio) and streams about to stall go first, and
 decoder calls overlap the engine's steps on the GPU. Decoder memory is bounded by `max_batch`
@@ -43,6 +44,7 @@ import numpy as np
 from fishserve.audio.batching import DecodeJob
 from fishserve.audio.decoder_runner import DecoderRunner
 from fishserve.engine.gpu_turns import GpuTurns
+from fishserve.server.decode_plan import plan_call
 
 log = logging.getLogger(__name__)
 # (deadline, submission order, submitted at, job, its future); times in monotonic seconds.
@@ -59,6 +61,8 @@ SLOW_CALL_S = 1.0
 BUSY_JOBS = 4
 # The longest batch window accepted (seconds; the server setting allows up to 1).
 MAX_BATCH_WAIT_S = 60.0
+# A call is planned over the earliest this many times `max_batch` queued jobs.
+PLAN_WINDOW = 4
 
 
 class DecoderStoppedError(RuntimeError):
@@ -248,26 +252,41 @@ class DecodeWorker:
         return stopping
 
     def _take_batch(self) -> list[_Item]:
-        """Pop the earliest job and, up to `max_batch`, the next earliest that fit its frame
-        bucket; the others stay queued, cancelled ones are dropped (maybe none is left)."""
-        batch: list[_Item] = []
-        skipped: list[_Item] = []
-        bucket = 0
-        while self._heap and len(batch) < self.max_batch:
-            item = self._heap[0]
+        """Pop the next call's jobs (`plan_call` over the earliest queued ones: the earliest
+        job and the next earliest that fit the chosen frame bucket, up to `max_batch`); the
+        others stay queued, cancelled ones are dropped (maybe none is left)."""
+        queued: list[_Item] = []
+        while self._heap and len(queued) < PLAN_WINDOW * self.max_batch:
+            item = heapq.heappop(self._heap)
             if item[4].cancelled():
                 item[4].set_running_or_notify_cancel()  # tells `wait`/`as_completed` it ended
-                heapq.heappop(self._heap)
                 continue
-            if not batch:  # before popping: if it raises, the job is still queued (and failed)
-                bucket = self.runner.frame_bucket(self.runner.job_frames(item[3]))
-            heapq.heappop(self._heap)
-            (batch if self.runner.job_frames(item[3]) <= bucket else skipped).append(item)
-        for item in skipped:
-            heapq.heappush(self._heap, item)
+            queued.append(item)
+        if not queued:
+            return []
+        try:
+            take = set(self._plan([item[3] for item in queued]))
+        except BaseException:  # the jobs stay queued (and fail with the thread)
+            for item in queued:
+                heapq.heappush(self._heap, item)
+            raise
+        batch = [item for i, item in enumerate(queued) if i in take]
+        for i, item in enumerate(queued):
+            if i not in take:
+                heapq.heappush(self._heap, item)
         if batch:
             self._lag = max(0.0, time.monotonic() - batch[0][0])
         return batch
+
+    def _plan(self, jobs: list[DecodeJob]) -> list[int]:
+        runner = self.runner
+        return plan_call(
+            [runner.job_frames(job) for job in jobs],
+            [job.new_frames for job in jobs],
+            self.max_batch,
+            runner.frame_bucket,
+            runner.batch_bucket,
+        )
 
     def _take(self, item: _Item | None) -> bool:
         """Add an inbox item to the heap; True for the stop sentinel."""

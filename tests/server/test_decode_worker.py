@@ -35,6 +35,9 @@ class GatedRunner:
     def job_frames(self, job: DecodeJob) -> int:
         return job.total_frames
 
+    def batch_bucket(self, jobs: int) -> int:
+        return jobs
+
     def decode_jobs(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
         tags = [int(job.codes[0, 0]) for job in jobs]
         self.calls.append(tags)
@@ -76,16 +79,25 @@ def test_queued_jobs_run_earliest_deadline_first_in_batches() -> None:
     assert runner.calls == [[0], [2, 4], [3, 1]]
 
 
-def test_a_call_takes_only_jobs_that_fit_the_earliest_jobs_frame_bucket() -> None:
-    """Short first chunks are not padded to a long chunk's length: they go together."""
+@pytest.mark.parametrize(
+    ("lengths", "calls"),
+    [
+        # short chunks go together: padding three of them to 80 frames for one more long job
+        # decodes fewer frames per cost (35 / (64 + 3 * 16) > 113 / (64 + 4 * 80))
+        ({1: 10, 2: 12, 3: 16, 4: 79}, [[1, 2, 3], [4]]),
+        # a lone short chunk is cheaper padded into the long ones' call than in its own
+        ({1: 10, 2: 79, 3: 70}, [[1, 2, 3]]),
+    ],
+)
+def test_a_call_takes_the_frame_bucket_that_decodes_most_per_cost(
+    lengths: dict[int, int], calls: list[list[int]]
+) -> None:
     runner, worker = busy_worker(max_batch=4)
-    lengths = {1: 10, 2: 79, 3: 12, 4: 70, 5: 16}  # buckets 16, 80, 16, 72, 16
-    deadlines = {1: 10.0, 2: 20.0, 3: 30.0, 4: 40.0, 5: 50.0}
-    futures = [worker.submit(job(t, lengths[t]), deadline=deadlines[t]) for t in lengths]
+    futures = [worker.submit(job(t, n), deadline=10.0 * t) for t, n in lengths.items()]
     runner.gate.set()
     assert [len(f.result(5)) for f in futures] == [n - 1 for n in lengths.values()]
     worker.shutdown()
-    assert runner.calls == [[0], [1, 3, 5], [2, 4]]
+    assert runner.calls == [[0], *calls]
 
 
 def test_a_failed_call_fails_its_jobs_only() -> None:
