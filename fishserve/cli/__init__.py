@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, TypeVar
@@ -19,6 +21,14 @@ from rich.markup import escape
 
 from fishserve import __version__
 from fishserve.errors import USER_ERRORS
+
+# Help printed to a pipe or file (not a terminal) would be cut at rich's default 80 columns,
+# truncating long flag names; without a terminal width to respect, use a wider page.
+PIPED_HELP_WIDTH = 120
+if not sys.stdout.isatty() and not (os.environ.get("COLUMNS") or os.environ.get("TERMINAL_WIDTH")):
+    import typer.rich_utils
+
+    typer.rich_utils.MAX_WIDTH = PIPED_HELP_WIDTH
 
 app = typer.Typer(
     name="fishserve",

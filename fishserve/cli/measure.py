@@ -60,7 +60,7 @@ def bench(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of request 0 (request i: seed + i).")] = 42,
     max_new_tokens: Annotated[
-        int | None, typer.Option(min=1, help="Frames per segment cap (Fish API).")
+        int | None, typer.Option(min=2, help="Frames per segment cap (Fish API; >= 2).")
     ] = None,
     ignore_eos: Annotated[
         bool, typer.Option(help="Generate exactly --max-new-tokens frames (fishserve).")
@@ -139,7 +139,10 @@ def bench(
         label=label,
         output_dir=output_dir,
     )
-    run_bench(options, err_console)
+    report = run_bench(options, err_console)
+    if not any(level.ok for level in report.levels):
+        err_console.print("error: no request succeeded (see the errors column)", markup=False)
+        raise typer.Exit(1)
 
 
 @app.command(name="eval")

@@ -80,7 +80,7 @@ def synth(
         bool, typer.Option(help="Use the simple batch-1 loop instead of the engine.")
     ] = False,
 ) -> None:
-    """Synthesize speech from text into an audio file (wav, flac, mp3, ogg/opus)."""
+    """Synthesize speech from text into an audio file (wav, flac, mp3, ogg/opus, .npy)."""
     from fishserve.synthesis import SynthesisOptions, run_synth
 
     set_threads(threads)

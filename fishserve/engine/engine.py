@@ -39,7 +39,8 @@ from fishserve.models.tokenizer import FishTokenizer
 log = logging.getLogger(__name__)
 MiB = 2**20
 # A step longer than this is logged as a warning (a step takes ~5-40 ms on a GPU; seconds
-# mean a stall: kernel compilation, memory pressure, the host).
+# mean a stall: kernel compilation, memory pressure, the host). On the CPU, where a full-size
+# step takes seconds anyway, at debug level only.
 SLOW_STEP_S = 1.0
 
 
@@ -354,7 +355,8 @@ class LLMEngine:
             log.exception("step failed for %d sequences", len(batch.items))
             return [self._fail(seq, f"generation failed: {exc}") for seq, _ in batch.items]
         if (seconds := time.perf_counter() - start) > SLOW_STEP_S:
-            log.warning(
+            log.log(
+                logging.WARNING if self.device.type == "cuda" else logging.DEBUG,
                 "slow engine step: %.2f s for %d sequences, %d positions",
                 seconds,
                 len(batch.items),

@@ -27,6 +27,7 @@ from pydantic import (
     field_validator,
 )
 
+from fishserve.engine.memory import parse_memory_size
 from fishserve.engine.step_profiler import ENV_VARS as STEP_PROFILER_ENV_VARS
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,7 @@ class ServerConfig(BaseModel):
         "max_decoder_lag",
         "early_chunk_margin",
         "decoder_batch_wait",
+        "gpu_memory_budget",
         mode="before",
     )
     @classmethod
@@ -145,6 +147,14 @@ class ServerConfig(BaseModel):
             return None
         if isinstance(value, bool):
             raise ValueError("give a number (or none), not on/off or true/false")
+        return value
+
+    @field_validator("gpu_memory_budget")
+    @classmethod
+    def _memory_size(cls, value: str | None) -> str | None:
+        """Checked with the other settings, not once the models have loaded."""
+        if value is not None:
+            parse_memory_size(value)
         return value
 
     @field_validator("max_num_batched_tokens")
@@ -261,5 +271,6 @@ def settings_error(exc: ValidationError, origins: Mapping[str, str]) -> str:
         if err["type"] == "extra_forbidden":
             lines.append(f"  {key} (from {where}): unknown setting{_suggest(key)}")
         else:
-            lines.append(f"  {key} = {err['input']!r} (from {where}): {err['msg']}")
+            message = err["msg"].removeprefix("Value error, ")
+            lines.append(f"  {key} = {err['input']!r} (from {where}): {message}")
     return "\n".join(lines)

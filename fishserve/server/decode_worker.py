@@ -54,7 +54,8 @@ _Item = tuple[float, int, float, DecodeJob, "Future[np.ndarray]"]
 # call: it covers one decoder call under load and the queue before it (§6.7: calls of 16 jobs
 # take ~35 ms on 96 SMs beside the engine).
 URGENT_S = 0.15
-# A decoder call longer than this is logged as a warning (calls take ~2-40 ms on a GPU).
+# A decoder call longer than this is logged as a warning (calls take ~2-40 ms on a GPU; on
+# the CPU, where a call can take seconds anyway, at debug level only).
 SLOW_CALL_S = 1.0
 # The batch window holds jobs only when at least this many were submitted within one window
 # (two streams' chunks 50 ms apart every 0.5 s would otherwise each wait the window).
@@ -324,7 +325,8 @@ class DecodeWorker:
             raise
         if (seconds := time.perf_counter() - start) > SLOW_CALL_S:
             frames = sum(self.runner.job_frames(job) for job, _ in live)
-            log.warning(
+            log.log(
+                logging.WARNING if self.runner.device.type == "cuda" else logging.DEBUG,
                 "slow decoder call: %.2f s for %d chunks, %d frames (new, or all with their "
                 "context where the runner does not trim)",
                 seconds,

@@ -9,11 +9,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
 
+from fishserve.audio.io import AudioDecodeError
 from fishserve.server.errors import ApiError
 from fishserve.server.routes_tts import DEFAULT_VOICE, parse_body
 from fishserve.server.runtime import ServingRuntime, decoder_behind
 from fishserve.server.state import ServerState
-from fishserve.server.voices import validate_voice_id
+from fishserve.server.voices import InvalidVoiceIdError, validate_voice_id
 
 router = APIRouter()
 ADD_USAGE = "use multipart/form-data with fields id, audio, text"
@@ -34,6 +35,8 @@ async def add_reference(
 
     The audio is encoded first, so undecodable, silent or too-long audio is refused (400)
     and never stored. The id "default" is reserved (OpenAI's `voice` for no reference).
+    Errors name the field at fault (`error.param`). A voice without a transcript is stored,
+    and the response's message says that cloning works better with one.
     """
     state = _state(request)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -42,17 +45,26 @@ async def add_reference(
     if id is None or audio is None:
         missing = " and ".join(n for n, v in (("id", id), ("audio", audio)) if v is None)
         raise ApiError(422, f"{missing} missing: {ADD_USAGE}", "id" if id is None else "audio")
-    validate_voice_id(id)
+    try:
+        validate_voice_id(id)
+    except InvalidVoiceIdError as exc:
+        raise ApiError(400, str(exc), "id") from exc
     if id == DEFAULT_VOICE:
         raise ApiError(400, f"voice id {DEFAULT_VOICE!r} is reserved (it means no reference)", "id")
     data = await audio.read()
     if not data:
         raise ApiError(400, "audio file is empty", "audio")
     async with state.request() as runtime:
-        await runtime.encode_reference(data)
+        try:
+            await runtime.encode_reference(data)
+        except AudioDecodeError as exc:
+            raise ApiError(400, str(exc), "audio") from exc
     suffix = PurePath(audio.filename or "reference.wav").suffix
     await asyncio.to_thread(state.voices.add, id, data, text, suffix)
-    return JSONResponse({"success": True, "message": "reference added", "reference_id": id})
+    message = "reference added"
+    if not text.strip():
+        message += " without a transcript (text): voice cloning works better with one"
+    return JSONResponse({"success": True, "message": message, "reference_id": id})
 
 
 @router.get("/v1/references/list")

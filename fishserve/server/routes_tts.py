@@ -191,12 +191,23 @@ async def speech(request: Request) -> Response:
         timeout, arrival = state.config.request_timeout, arrival_of(request)
         chunks = stream_audio(runtime, gen, state.metrics, timeout, arrival)
         headers = response_headers(fmt, runtime.sample_rate)
-        if body.instructions:
-            headers["X-Fishserve-Note"] = "instructions are ignored by Fish Speech 1.5"
+        if note := ignored_fields_note(body):
+            headers["X-Fishserve-Note"] = note
         rate = runtime.sample_rate
         if body.stream_format == "sse":
             return await sse_response(state, request, chunks, fmt, rate, headers)
         return await streaming_response(state, request, chunks, fmt, rate, headers)
+
+
+def ignored_fields_note(body: SpeechRequest) -> str | None:
+    """What the response's X-Fishserve-Note says was ignored (None: nothing)."""
+    notes = []
+    if body.instructions:
+        notes.append("instructions are ignored by Fish Speech 1.5")
+    if extra := sorted(body.model_extra or {}):
+        names = ", ".join(extra)[:200]
+        notes.append(f"fields not in OpenAI's speech API are ignored: {names}")
+    return "; ".join(notes) or None
 
 
 async def speech_references(

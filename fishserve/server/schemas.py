@@ -71,9 +71,11 @@ class TTSRequest(BaseModel):
 
 
 class SpeechRequest(BaseModel):
-    """Body of `POST /v1/audio/speech` (OpenAI). `instructions` is accepted and ignored."""
+    """Body of `POST /v1/audio/speech` (OpenAI). `instructions` is accepted and ignored;
+    so are fields OpenAI's API does not define (kept in `model_extra` so the response can
+    name them: an SDK's `extra_body` must not look as if it had been applied)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: str = "fish-speech-1.5"
     input: str = Field(min_length=1, max_length=4096)

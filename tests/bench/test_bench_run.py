@@ -102,6 +102,9 @@ def test_cli_bench_runs_and_unreachable_server_exits_2(url, tmp_path):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert check_outputs(tmp_path, 1)["levels"][0]["ok"] == 2
+    refused = [*args[:-1], str(tmp_path / "refused"), "--extra-body", '{"bogus": 1}']
+    result = CliRunner().invoke(app, refused)  # every request gets a 422
+    assert result.exit_code == 1 and "no request succeeded" in result.output
     dead = f"http://127.0.0.1:{free_port()}"
     result = CliRunner().invoke(app, ["bench", "--url", dead, "--output-dir", str(tmp_path / "x")])
     assert result.exit_code == 2 and "cannot reach" in result.output

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ class GatedRunner:
     """A stand-in DecoderRunner: records each call's job tags; the first call waits on a gate."""
 
     def __init__(self, max_batch: int, fail_tag: int | None = None) -> None:
+        self.device = SimpleNamespace(type="cpu")
         self.max_batch = max_batch
         self.calls: list[list[int]] = []
         self.gate = threading.Event()
@@ -456,15 +458,19 @@ def test_jobs_of_a_call_that_ends_the_thread_fail_instead_of_waiting_forever() -
     worker._thread.join(5)  # its exception is reported within this test
 
 
-def test_a_slow_decoder_call_is_logged(monkeypatch, caplog) -> None:
+@pytest.mark.parametrize(("device", "level"), [("cuda", "WARNING"), ("cpu", "DEBUG")])
+def test_a_slow_decoder_call_is_logged(monkeypatch, caplog, device: str, level: str) -> None:
+    """A warning on a GPU; on the CPU, where calls take seconds anyway, a debug line."""
     import fishserve.server.decode_worker as module
 
     monkeypatch.setattr(module, "SLOW_CALL_S", 0.0)
-    _, worker = windowed_worker(max_batch=2, batch_wait=0.0)
-    with caplog.at_level("WARNING", logger=module.__name__):
+    runner, worker = windowed_worker(max_batch=2, batch_wait=0.0)
+    runner.device = SimpleNamespace(type=device)
+    with caplog.at_level("DEBUG", logger=module.__name__):
         assert worker.submit(job(1, frames=5)).result(5)[0] == 1
         worker.shutdown()
-    assert "slow decoder call" in caplog.text and "1 chunks, 5 frames" in caplog.text
+    (record,) = [r for r in caplog.records if "slow decoder call" in r.getMessage()]
+    assert record.levelname == level and "1 chunks, 5 frames" in record.getMessage()
 
 
 def test_lag_is_how_overdue_the_running_call_s_earliest_job_was_and_0_once_idle() -> None:

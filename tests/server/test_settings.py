@@ -80,12 +80,18 @@ def test_validation_errors_are_one_line_per_setting(tmp_path):
     yaml_file = tmp_path / "serve.yaml"
     yaml_file.write_text("block_size: 0\nportt: 1\n")
     with pytest.raises(ValueError) as info:
-        ServerConfig.load(yaml_file, {"port": 70000}, environ={"FISHSERVE_DTYPE": "fp64"})
+        ServerConfig.load(
+            yaml_file,
+            {"port": 70000, "gpu_memory_budget": "10XB"},
+            environ={"FISHSERVE_DTYPE": "fp64"},
+        )
     lines = str(info.value).splitlines()
     assert lines[0] == "invalid server settings:"
     assert sorted(lines[1:]) == [
         f"  block_size = 0 (from {yaml_file}): Input should be greater than or equal to 1",
         "  dtype = 'fp64' (from FISHSERVE_DTYPE): Input should be 'auto', 'fp32', 'bf16' or 'fp16'",
+        "  gpu_memory_budget = '10XB' (from --gpu-memory-budget): not a memory size: '10XB' "
+        "(use e.g. 4GiB, 512MiB or 0.9)",
         "  port = 70000 (from --port): Input should be less than or equal to 65535",
         f"  portt (from {yaml_file}): unknown setting; did you mean port?",
     ]

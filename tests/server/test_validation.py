@@ -393,3 +393,39 @@ def test_adding_a_voice_needs_multipart(server):
     assert "use multipart/form-data with fields id, audio, text" in response.json()["message"]
     response = httpx.post(url, data={"text": "hi"}, files={"audio": ("v.wav", TONE)})
     assert response.status_code == 422 and response.json()["message"].startswith("id missing")
+
+
+@pytest.mark.parametrize(
+    ("fields", "audio", "param"),
+    [
+        ({"id": "../evil", "text": "x"}, TONE, "id"),
+        ({"id": "junk", "text": "x"}, b"RIFFjunk", "audio"),
+    ],
+)
+def test_a_refused_voice_names_the_field_at_fault(server, fields, audio, param):
+    url = server.url + "/v1/references/add"
+    response = httpx.post(url, data=fields, files={"audio": ("v.wav", audio)}, timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_a_voice_without_a_transcript_is_stored_with_a_hint(server):
+    url = server.url + "/v1/references/add"
+    response = httpx.post(url, data={"id": "notext"}, files={"audio": ("v.wav", TONE)}, timeout=60)
+    assert response.status_code == 200, response.text
+    assert "without a transcript" in response.json()["message"]
+    httpx.request("DELETE", server.url + "/v1/references/delete?reference_id=notext")
+
+
+def test_the_speech_response_names_ignored_fields() -> None:
+    from fishserve.server.routes_tts import ignored_fields_note
+    from fishserve.server.schemas import SpeechRequest
+
+    plain = SpeechRequest(input="Hi.", voice="default")
+    assert ignored_fields_note(plain) is None
+    extra = SpeechRequest.model_validate(
+        {"input": "Hi.", "voice": "default", "max_new_tokens": 8, "instructions": "calm"}
+    )
+    note = ignored_fields_note(extra)
+    assert note is not None
+    assert "instructions are ignored" in note and "ignored: max_new_tokens" in note
