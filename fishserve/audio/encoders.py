@@ -43,6 +43,7 @@ from __future__ import annotations
 import io
 import struct
 from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import BinaryIO
@@ -426,3 +427,31 @@ def _check_mono(samples: np.ndarray) -> np.ndarray:
 def _check_rate(sample_rate: int) -> None:
     if sample_rate <= 0:
         raise ValueError(f"sample_rate must be positive, got {sample_rate}")
+
+
+# ---------------------------------------------------------------------------- rate change
+async def resample_chunks(
+    chunks: AsyncIterator[np.ndarray], in_rate: int, out_rate: int
+) -> AsyncIterator[np.ndarray]:
+    """`chunks` of float32 samples at `in_rate` Hz, resampled to `out_rate` Hz as they come.
+
+    One streaming soxr resampler (HQ) for the whole stream, so chunk boundaries leave no
+    seams; its last samples come when `chunks` ends. Empty outputs are skipped. Closing this
+    iterator closes `chunks`. Used for OpenAI's `pcm`, which is defined as 24 kHz.
+
+    Raises:
+        ValueError: a rate that is not positive.
+    """
+    _check_rate(in_rate)
+    _check_rate(out_rate)
+    stream = soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
+    try:
+        async for chunk in chunks:
+            if (out := stream.resample_chunk(_check_mono(chunk), last=False)).size:
+                yield out
+        if (tail := stream.resample_chunk(np.zeros(0, np.float32), last=True)).size:
+            yield tail
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -14,7 +14,10 @@ Rejected with :class:`ReferenceAudioError` (a ``ValueError``, so a 4xx for the s
 * ``"too_long"``: longer than ``max_seconds`` (default 30 s; long references push the prompt
   past the model context). Decoding stops as soon as the limit is passed;
 * ``"silent"``: peak ``|x|`` of the mono 44.1 kHz signal below ``silence_peak`` (default 1e-3,
-  i.e. -60 dBFS).
+  i.e. -60 dBFS);
+* ``"too_loud"``: peak above ``MAX_PEAK`` (+24 dBFS: float audio scaled far past full scale,
+  which the encoder cannot turn into valid codes); or codes outside the codebook after
+  encoding (a safety net: such a voice could never be used).
 
 :class:`ReferenceCache` is an LRU bounded by the bytes of the cached codes, keyed by
 ``sha256(audio bytes)`` plus a fingerprint of the decoder (config, weights, dtype) and of the
@@ -53,9 +56,10 @@ __all__ = [
 
 DEFAULT_MAX_SECONDS = 30.0
 SILENCE_PEAK = 1e-3  # -60 dBFS: a peak below this is "silent"
+MAX_PEAK = 16.0  # +24 dBFS: float samples past this are not audio at any sensible gain
 DEFAULT_CACHE_BYTES = 32 * 1024 * 1024  # ~800 references of 30 s with the released decoder
 
-Reason = Literal["undecodable", "empty", "too_short", "too_long", "silent"]
+Reason = Literal["undecodable", "empty", "too_short", "too_long", "silent", "too_loud"]
 
 
 class ReferenceAudioError(AudioDecodeError):
@@ -117,6 +121,12 @@ def prepare_reference_audio(
             "silent",
             f"{label} is silent (peak {_dbfs(peak)} dBFS, below {_dbfs(silence_peak)} dBFS)",
         )
+    if peak > MAX_PEAK:
+        raise ReferenceAudioError(
+            "too_loud",
+            f"{label} is far louder than full scale (peak +{_dbfs(peak)} dBFS, above "
+            f"+{_dbfs(MAX_PEAK)} dBFS): float samples should lie within about [-1, 1]",
+        )
     return audio
 
 
@@ -151,7 +161,12 @@ def encode_reference_audio(
     with gpu_turn(), torch.inference_mode():
         wave = torch.from_numpy(audio).to(decoder.device)[None, None]  # (1, 1, N) float32
         codes, _ = decoder.encode(wave, torch.tensor([wave.shape[-1]], device=decoder.device))
-        return codes[0].to("cpu", torch.int64)  # waits for the device
+        codes = codes[0].to("cpu", torch.int64)  # waits for the device
+    if codes.numel() and not (int(codes.min()) >= 0 and int(codes.max()) < cfg.codebook_size):
+        raise ReferenceAudioError(
+            "too_loud", "reference audio gave codes outside the codebook: check its level"
+        )
+    return codes
 
 
 def decoder_fingerprint(decoder: FireflyGenerator) -> str:

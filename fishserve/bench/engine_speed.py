@@ -5,7 +5,9 @@ architecture with random weights; for each batch size B, B requests with prompts
 `--context` positions are prefilled, then `--frames` decode steps are timed (each step emits
 one frame for every sequence; output length fixed with ignore_eos). Reported: ms per step,
 frames per second (B / step time), time to first frame of a lone request, peak GPU memory,
-KV bytes per position and CUDA graph captures.
+KV bytes per position and CUDA graph captures. With `--profile-steps N`, N more steps per point
+run under `torch.profiler` (`fishserve.bench.step_profile`): kernels per step, their device
+time and the device span, plus an operator table per point next to `--output`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from fishserve.bench import tables
+from fishserve.bench.step_profile import StepProfile, profile_steps
 from fishserve.engine.engine import EngineConfig, GenerationRequest, LLMEngine
 from fishserve.engine.sampling import SamplingParams
 from fishserve.models.dual_ar import DualARTransformer
@@ -43,6 +46,7 @@ class EngineBenchResult:
     peak_gpu_bytes: int
     kv_bytes_per_token: int
     graph_captures: int
+    profile: StepProfile | None = None
 
 
 def prompt_text(tokenizer: FishTokenizer, positions: int) -> str:
@@ -88,13 +92,17 @@ def time_steps(engine: LLMEngine, steps: int) -> float:
     return times[len(times) // 2]
 
 
-def run_point(engine: LLMEngine, batch: int, text: str, frames: int) -> float:
-    """Seconds per decode step at `batch`; leaves the engine empty."""
-    fill_decode(engine, batch, text, frames)
+def run_point(
+    engine: LLMEngine, batch: int, text: str, frames: int, profile: int = 0
+) -> tuple[float, StepProfile | None]:
+    """Seconds per decode step at `batch`, and a profile of `profile` more steps (0: none);
+    leaves the engine empty."""
+    fill_decode(engine, batch, text, frames + profile)
     seconds = time_steps(engine, frames)
+    profiled = profile_steps(engine.step, profile) if profile else None
     for rid in list(engine.sequences):
         engine.abort(rid)
-    return seconds
+    return seconds, profiled
 
 
 def bench_config(
@@ -106,10 +114,11 @@ def bench_config(
     context: int,
     frames: int,
     top_k_prefilter: int = 1024,
+    profile: int = 0,
 ) -> list[EngineBenchResult]:
-    """All batch sizes for one KV dtype and mode."""
+    """All batch sizes for one KV dtype and mode (`profile`: steps profiled per point)."""
     block = 16
-    per_seq = -(-(context + frames + 64) // block)
+    per_seq = -(-(context + frames + profile + 64) // block)
     config = EngineConfig(
         kv_cache_dtype=kv,
         block_size=block,
@@ -125,7 +134,7 @@ def bench_config(
     results = []
     for batch in batches:
         torch.cuda.reset_peak_memory_stats() if torch.cuda.is_available() else None
-        seconds = run_point(engine, batch, text, frames)
+        seconds, profiled = run_point(engine, batch, text, frames, profile)
         peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
         fps = batch / seconds
         results.append(
@@ -140,6 +149,7 @@ def bench_config(
                 peak,
                 engine.cache.layout.bytes_per_token,
                 engine.runner.num_captures,
+                profiled,
             )
         )
     del engine
@@ -195,7 +205,36 @@ def render_results(results: list[EngineBenchResult], console: Console) -> str:
         ]
         for r in results
     ]
+    markdown = tables.render_table(head, rows, console)
+    profiled = [r for r in results if r.profile is not None]
+    if profiled:
+        markdown += "\n\n" + render_profiles(profiled, console)
+    return markdown
+
+
+def render_profiles(results: list[EngineBenchResult], console: Console) -> str:
+    """The profiled points' per-step device numbers (`StepProfile`), as a table."""
+    head = ["KV", "mode", "batch", "kernels/step", "kernel ms", "GPU span ms", "wall ms (profiled)"]
+    rows = [
+        [
+            r.kv_cache_dtype,
+            r.mode,
+            str(r.batch),
+            f"{r.profile.kernels:,.0f}",
+            f"{r.profile.kernel_ms:.2f}",
+            f"{r.profile.span_ms:.2f}",
+            f"{r.profile.wall_ms:.2f}",
+        ]
+        for r in results
+        if r.profile is not None
+    ]
     return tables.render_table(head, rows, console)
+
+
+def profile_path(output: Path, result: EngineBenchResult) -> Path:
+    """Where a point's operator table goes: beside `output`, named by the point."""
+    name = f"{output.stem}_profile_{result.kv_cache_dtype}_{result.mode}_b{result.batch}.txt"
+    return output.with_name(name)
 
 
 def run_engine_bench(
@@ -209,8 +248,10 @@ def run_engine_bench(
     output: Path | None,
     console: Console,
     top_k_prefilter: int = 1024,
+    profile: int = 0,
 ) -> list[EngineBenchResult]:
-    """The whole sweep; writes JSON and markdown next to `output` if given.
+    """The whole sweep; writes JSON and markdown next to `output` if given (and with
+    `profile` > 0 steps profiled per point, each point's operator table: `profile_path`).
 
     `top_k_prefilter` is the engine's (random weights give flat logits: every row falls back to
     the full sort, the slowest case; `fishserve bench-sampler` times both cases).
@@ -221,7 +262,7 @@ def run_engine_bench(
         for kv in kv_dtypes:
             for mode in modes:
                 results += bench_config(
-                    model, tokenizer, kv, mode, batches, context, frames, top_k_prefilter
+                    model, tokenizer, kv, mode, batches, context, frames, top_k_prefilter, profile
                 )
                 progress.advance(task)
     ttff = time_to_first_frame(model, tokenizer, context)
@@ -231,11 +272,22 @@ def run_engine_bench(
     )
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
+        for r in results:
+            if r.profile is not None:
+                profile_path(output, r).write_text(r.profile.table)
+        rows = [{**asdict(r), "profile": _numbers(r.profile)} for r in results]
         payload = {
-            "results": [asdict(r) for r in results],
+            "results": rows,
             "ttff_ms": ttff * 1e3,
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         }
         output.write_text(json.dumps(payload, indent=2))
         output.with_suffix(".md").write_text(markdown + f"\n\nTTFF {ttff * 1e3:.1f} ms\n")
     return results
+
+
+def _numbers(profile: StepProfile | None) -> dict[str, float] | None:
+    """A profile without its table (the table goes to its own file)."""
+    if profile is None:
+        return None
+    return {k: v for k, v in asdict(profile).items() if k != "table"}

@@ -238,6 +238,14 @@ def bench_engine(
             "trained-model stand-in)."
         ),
     ] = "flat",
+    profile_steps: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Also profile this many steps per point (torch.profiler): kernels per step, "
+            "device time and span; operator tables beside --output.",
+        ),
+    ] = 0,
 ) -> None:
     """Engine decode speed: ms per step and frames/s per batch size, KV dtype and mode."""
     from fishserve.bench.engine_speed import ENGINE_MODES, run_engine_bench
@@ -267,6 +275,7 @@ def bench_engine(
         output,
         err_console,
         top_k_prefilter,
+        profile_steps,
     )
 
 

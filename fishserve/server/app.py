@@ -222,10 +222,20 @@ class _Call:
 
 class _AbortFilter(logging.Filter):
     """Drops uvicorn's "ASGI callable returned without completing response." for responses
-    `GuardMiddleware` ended on purpose: the reason has been logged already."""
+    `GuardMiddleware` ended on purpose: the reason has been logged already. Turns its
+    "Exception in ASGI application" with a traceback, for a response cancelled by uvicorn
+    itself (a stream still open when `shutdown_timeout` ran out), into one warning line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (_ABORTED.get() and str(record.msg).startswith("ASGI callable returned"))
+        message = str(record.msg)
+        if _ABORTED.get() and message.startswith("ASGI callable returned"):
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, asyncio.CancelledError) and message.startswith("Exception in ASGI"):
+            record.msg, record.args = "a response was cut off by the server: %s", (exc,)
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
 
 
 _ABORT_FILTER = _AbortFilter()

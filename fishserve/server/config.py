@@ -106,7 +106,8 @@ class ServerConfig(BaseModel):
     # HTTP
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
-    api_key: str | None = None
+    # An empty key would turn authentication off without saying so: omit it for that.
+    api_key: str | None = Field(None, min_length=1)
     references_dir: Path = Path("references")
     max_waiting: int = Field(256, ge=1)
     max_text_length: int = Field(10_000, ge=1)

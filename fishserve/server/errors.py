@@ -10,6 +10,7 @@ quietly; anything else is a bug: a 500 whose traceback is logged once.
 from __future__ import annotations
 
 import logging
+import math
 import re
 
 from fastapi import Request
@@ -157,7 +158,10 @@ def response_for(exc: Exception) -> JSONResponse:
     if isinstance(exc, ApiError):
         return error_response(exc.status, exc.message, exc.param, exc.headers)
     status = status_of(exc)
-    headers = {"Retry-After": RETRY_AFTER_SECONDS} if status in (429, 503) else None
+    retry = RETRY_AFTER_SECONDS
+    if isinstance(exc, ModelLoadError):  # the next load is tried then, not sooner
+        retry = str(max(1, math.ceil(exc.retry_after_s)))
+    headers = {"Retry-After": retry} if status in (429, 503) else None
     return error_response(status, public_message(exc), headers=headers)
 
 

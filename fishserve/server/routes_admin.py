@@ -13,6 +13,7 @@ from fishserve.audio.io import AudioDecodeError
 from fishserve.server.errors import ApiError
 from fishserve.server.routes_tts import DEFAULT_VOICE, parse_body
 from fishserve.server.runtime import ServingRuntime, decoder_behind
+from fishserve.server.schemas import MAX_REFERENCE_TEXT
 from fishserve.server.state import ServerState
 from fishserve.server.voices import InvalidVoiceIdError, validate_voice_id
 
@@ -49,6 +50,10 @@ async def add_reference(
         validate_voice_id(id)
     except InvalidVoiceIdError as exc:
         raise ApiError(400, str(exc), "id") from exc
+    if len(text) > MAX_REFERENCE_TEXT:
+        raise ApiError(
+            422, f"text is {len(text)} characters; at most {MAX_REFERENCE_TEXT} are allowed", "text"
+        )
     if id == DEFAULT_VOICE:
         raise ApiError(400, f"voice id {DEFAULT_VOICE!r} is reserved (it means no reference)", "id")
     data = await audio.read()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import unicodedata
 from typing import Any
 
 import ormsgpack
@@ -12,7 +13,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
-from fishserve.audio.encoders import AudioFormat, encode_audio, response_headers
+from fishserve.audio.encoders import (
+    AudioFormat,
+    encode_audio,
+    resample_chunks,
+    response_headers,
+)
 from fishserve.engine.engine import GenerationRequest
 from fishserve.engine.sampling import MIN_TEMPERATURE, SamplingParams
 from fishserve.models.prompt import HISTORY_RESERVE, Reference
@@ -33,6 +39,8 @@ ARRIVAL_KEY = "fishserve_arrival"  # request scope state: monotonic seconds at a
 # OpenAI's built-in voices: not stored here, so a 404 with a hint.
 _OPENAI_NAMES = "alloy ash ballad cedar coral echo fable marin nova onyx sage shimmer verse"
 OPENAI_VOICES = frozenset(_OPENAI_NAMES.split(" "))
+# OpenAI's speech API defines `pcm` as 24 kHz, 16-bit little-endian mono (its API reference).
+OPENAI_PCM_RATE = 24000
 
 
 def arrival_of(request: Request) -> float:
@@ -84,7 +92,8 @@ def prepare_text(state: ServerState, text: str, normalize: bool, param: str = "t
     """Normalised, length-checked text (`param` names the field in errors).
 
     Raises:
-        ApiError 400: empty after normalisation, or longer than `max_text_length`.
+        ApiError 400: empty after normalisation, nothing but control, format or space
+            characters (e.g. zero-width spaces, a NUL), or longer than `max_text_length`.
     """
     if len(text) > state.config.max_text_length:
         raise ApiError(
@@ -95,15 +104,26 @@ def prepare_text(state: ServerState, text: str, normalize: bool, param: str = "t
     text = normalize_text(text) if normalize else text.strip()
     if not text:
         raise ApiError(400, f"{param} is empty after normalization", param)
+    if not any(unicodedata.category(ch)[0] in "LNPS" for ch in text):
+        raise ApiError(
+            400, f"{param} has nothing to speak: only control, invisible or space characters", param
+        )
     return text
 
 
 def refuse_if_overloaded(state: ServerState) -> None:
-    """503 with Retry-After while device memory is critical, or while the audio decoder is
-    more than `max_decoder_lag` seconds behind real time."""
+    """503 with Retry-After while an engine process has stopped responding (alive but
+    silent: a new request would only wait for it), while device memory is critical, or while
+    the audio decoder is more than `max_decoder_lag` seconds behind real time."""
     runtime = state.runtime
     if runtime is None:
         return
+    if runtime.restartable and not runtime.needs_restart() and not runtime.status().alive:
+        raise ApiError(
+            503,
+            "the engine process has stopped responding; retry shortly",
+            headers={"Retry-After": "5"},
+        )
     if runtime.memory_critical():
         raise ApiError(503, "GPU memory is critical; retry shortly", headers={"Retry-After": "5"})
     if decoder_behind(lag := runtime.decoder_lag(), state.config.max_decoder_lag):
@@ -190,10 +210,12 @@ async def speech(request: Request) -> Response:
         gen = GenerationRequest(text, refs, SamplingParams(), 200, max_new_tokens, window)
         timeout, arrival = state.config.request_timeout, arrival_of(request)
         chunks = stream_audio(runtime, gen, state.metrics, timeout, arrival)
-        headers = response_headers(fmt, runtime.sample_rate)
+        rate = runtime.sample_rate
+        if fmt is AudioFormat.PCM:  # OpenAI's pcm is 24 kHz s16le: clients play it so
+            chunks, rate = resample_chunks(chunks, rate, OPENAI_PCM_RATE), OPENAI_PCM_RATE
+        headers = response_headers(fmt, rate)
         if note := ignored_fields_note(body):
             headers["X-Fishserve-Note"] = note
-        rate = runtime.sample_rate
         if body.stream_format == "sse":
             return await sse_response(state, request, chunks, fmt, rate, headers)
         return await streaming_response(state, request, chunks, fmt, rate, headers)

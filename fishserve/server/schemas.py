@@ -17,6 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 TTS_FORMATS = ("wav", "pcm", "mp3", "opus", "flac")
 
 
+# The longest transcript of a voice reference, inline or stored (characters).
+MAX_REFERENCE_TEXT = 2000
+
+
 class ReferenceAudio(BaseModel):
     """One inline voice reference: encoded audio (any common container) and its transcript.
 
@@ -26,7 +30,7 @@ class ReferenceAudio(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     audio: bytes
-    text: str = Field(default="", max_length=2000)
+    text: str = Field(default="", max_length=MAX_REFERENCE_TEXT)
 
     @field_validator("audio", mode="before")
     @classmethod
@@ -63,9 +67,10 @@ class TTSRequest(BaseModel):
     # Frames per segment; the first frame of a segment is never audio (spec §6.2), so >= 2.
     # Not given: the server's `default_max_new_tokens` (1024; 64 with random weights).
     max_new_tokens: Annotated[int, Field(ge=2, le=8192)] = 1024
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 0.7
-    repetition_penalty: Annotated[float, Field(ge=0.9, le=2.0)] = 1.2
-    temperature: Annotated[float, Field(ge=0.0, le=1.0)] = 0.7
+    # NaN is refused as "not a finite number" before the range says something odd about it.
+    top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] = 0.7
+    repetition_penalty: Annotated[float, Field(ge=0.9, le=2.0, allow_inf_nan=False)] = 1.2
+    temperature: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] = 0.7
     # fishserve extension: generate exactly max_new_tokens frames per segment (benchmarks).
     ignore_eos: bool = False
 
@@ -81,7 +86,7 @@ class SpeechRequest(BaseModel):
     input: str = Field(min_length=1, max_length=4096)
     voice: str = Field(min_length=1, max_length=128)
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
-    speed: Annotated[float, Field(ge=0.25, le=4.0)] = 1.0
+    speed: Annotated[float, Field(ge=0.25, le=4.0, allow_inf_nan=False)] = 1.0
     stream_format: Literal["audio", "sse"] = "audio"
     instructions: str | None = Field(default=None, max_length=4096)
 

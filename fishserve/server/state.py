@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -22,7 +23,15 @@ LOAD_RETRY_S = 10.0
 
 
 class ModelLoadError(RuntimeError):
-    """The models could not be loaded (HTTP 503; /health says "unhealthy" and why)."""
+    """The models could not be loaded (HTTP 503; /health says "unhealthy" and why).
+
+    Attributes:
+        retry_after_s: seconds until the next load is tried (the response's Retry-After).
+    """
+
+    def __init__(self, message: str, retry_after_s: float = LOAD_RETRY_S) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ServerState:
@@ -63,9 +72,9 @@ class ServerState:
         async with self._lock:
             failed_ago = time.monotonic() - self._failed_at
             if self._runtime is None and failed_ago < LOAD_RETRY_S:  # requests queued behind
-                raise ModelLoadError(  # a failed load do not each load again
-                    f"the models failed to load: {self.load_error} (next try in "
-                    f"{LOAD_RETRY_S - failed_ago:.0f} s)"
+                wait = math.ceil(LOAD_RETRY_S - failed_ago)  # a failed load do not each load again
+                raise ModelLoadError(
+                    f"the models failed to load: {self.load_error} (next try in {wait} s)", wait
                 )
             if self._runtime is None:
                 log.info("loading models")

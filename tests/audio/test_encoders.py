@@ -217,3 +217,28 @@ def test_format_names_and_errors() -> None:
         encode_audio(np.zeros((10, 2), dtype=np.float32), SR, AudioFormat.WAV)
     with pytest.raises(ValueError, match="cannot encode"):
         stream_encoder(AudioFormat.MP3, 12345)
+
+
+def test_resampled_chunks_equal_a_one_shot_resample_and_close_their_source() -> None:
+    import asyncio
+
+    from fishserve.audio.encoders import resample_chunks
+
+    tone = np.sin(np.arange(44100) * 2 * np.pi * 440 / 44100).astype(np.float32) * 0.5
+    closed = []
+
+    async def source():
+        try:
+            for start in range(0, tone.size, 5000):  # uneven chunks
+                yield tone[start : start + 5000]
+        finally:
+            closed.append(True)
+
+    async def run() -> np.ndarray:
+        return np.concatenate([c async for c in resample_chunks(source(), 44100, 24000)])
+
+    out = asyncio.run(run())
+    expected = soxr.resample(tone, 44100, 24000, quality="HQ")
+    assert abs(out.size - 24000) <= 1 and closed == [True]
+    n = min(out.size, expected.size)
+    np.testing.assert_allclose(out[:n], expected[:n], atol=2e-3)

@@ -168,8 +168,18 @@ def silent_wav(peak: float) -> bytes:
         (silent_wav(0.0), "silent", "silent"),
         (silent_wav(5e-4), "silent", "-66.0 dBFS"),
         (soundfile_bytes(voice(8000, 31.0), 8000), "too_long", "maximum of 30 s"),
+        (soundfile_bytes(voice(44100) * 1e30, 44100, subtype="FLOAT"), "too_loud", "far louder"),
     ],
-    ids=["no-bytes", "no-samples", "garbage", "too-short", "zeros", "minus-66-dBFS", "31-s"],
+    ids=[
+        "no-bytes",
+        "no-samples",
+        "garbage",
+        "too-short",
+        "zeros",
+        "minus-66-dBFS",
+        "31-s",
+        "1e30",
+    ],
 )
 def test_bad_reference_is_rejected(
     tiny_decoder: FireflyGenerator, data: bytes, reason: str, message: str
@@ -178,6 +188,19 @@ def test_bad_reference_is_rejected(
         encode_reference_audio(tiny_decoder, data)
     assert info.value.reason == reason
     assert isinstance(info.value, AudioDecodeError) and isinstance(info.value, ValueError)
+
+
+def test_a_little_past_full_scale_is_fine_but_codes_off_the_codebook_are_refused(
+    tiny_decoder: FireflyGenerator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hot = soundfile_bytes(voice(16000) / np.abs(voice(16000)).max() * 2.0, 16000, subtype="FLOAT")
+    codes = encode_reference_audio(tiny_decoder, hot)  # +6 dBFS: clipped audio, still audio
+    assert int(codes.max()) < tiny_decoder.config.codebook_size
+    encode = tiny_decoder.encode
+    monkeypatch.setattr(tiny_decoder, "encode", lambda *a: (encode(*a)[0] + 10**6, None))
+    with pytest.raises(ReferenceAudioError, match="outside the codebook") as info:
+        encode_reference_audio(tiny_decoder, hot)
+    assert info.value.reason == "too_loud"
 
 
 def test_limits_are_configurable(tiny_decoder: FireflyGenerator) -> None:

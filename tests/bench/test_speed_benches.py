@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from fishserve.cli import app
@@ -67,6 +68,19 @@ def test_bench_engine_runs_on_the_tiny_model(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert [r["batch"] for r in data["results"]] == [1, 2]
     assert all(r["ms_per_step"] > 0 for r in data["results"]) and data["ttff_ms"] > 0
+    assert all(r["profile"] is None for r in data["results"])
+
+
+def test_bench_engine_profiles_steps_on_request(tmp_path: Path) -> None:
+    out = tmp_path / "engine.json"
+    run(["bench-engine", "--checkpoint", str(FIXTURES / "tiny_t2s"), "--device", "cpu",
+         "--modes", "eager", "--batch-sizes", "2", "--context", "20", "--frames", "2",
+         "--kv-cache-dtypes", "fp32", "--profile-steps", "2", "--output", str(out)])  # fmt: skip
+    (point,) = json.loads(out.read_text())["results"]
+    assert point["profile"]["wall_ms"] > 0 and point["profile"]["kernels"] == 0  # no GPU here
+    table = (tmp_path / "engine_profile_fp32_eager_b2.txt").read_text()
+    assert "aten::" in table and "Self CPU" in table  # operators by host time on the CPU
+    assert "GPU span ms" in out.with_suffix(".md").read_text()
 
 
 @pytest.mark.parametrize(
@@ -108,3 +122,13 @@ def test_mixed_steps_rejects_bad_batch_sizes(monkeypatch, capsys) -> None:
         mixed_main()
     assert info.value.code == 2
     assert "--batch-sizes" in capsys.readouterr().err
+
+
+def test_profile_steps_needs_a_step_and_counts_each_call() -> None:
+    from fishserve.bench.step_profile import profile_steps
+
+    with pytest.raises(ValueError, match="at least one step"):
+        profile_steps(lambda: None, 0)
+    calls = []
+    profiled = profile_steps(lambda: calls.append(torch.ones(8).sum()), 3)
+    assert len(calls) == 3 and profiled.wall_ms > 0 and "aten::sum" in profiled.table

@@ -180,6 +180,11 @@ def test_a_stalled_core_times_requests_out_and_is_reported(tmp_path, monkeypatch
             assert health.status_code == 503
             assert "stopped responding" in health.json()["error"]
             assert live.state.runtime.process.pid == pid  # stalled is not dead: not replaced
+            started = time.monotonic()  # known stalled: refused at once, not left to wait
+            refused = post(live, "/v1/tts", json={"text": "Anyone?", **FIXED})
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
+            assert "stopped responding" in refused.json()["message"]
+            assert time.monotonic() - started < 0.5
             files = {"audio": ("ref.wav", wav(TONE), "audio/wav")}
             added = post(live, "/v1/references/add", data={"id": "v", "text": "x"}, files=files)
             assert added.status_code == 504, added.text

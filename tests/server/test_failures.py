@@ -308,3 +308,27 @@ def test_a_failure_after_audio_is_counted_once(tmp_path):
         assert response.status_code == 503
         assert failures(live, "error") == 1
         assert failures(live, "overloaded") == 0
+
+
+def test_a_response_cancelled_at_shutdown_is_one_warning_not_a_traceback():
+    import asyncio
+    import logging
+
+    from fishserve.server.app import _ABORT_FILTER
+
+    try:
+        raise asyncio.CancelledError("Task cancelled, timeout graceful shutdown exceeded")
+    except asyncio.CancelledError:
+        import sys
+
+        info = sys.exc_info()
+    record = logging.LogRecord(
+        "uvicorn.error", logging.ERROR, __file__, 1, "Exception in ASGI application\n", (), info
+    )
+    assert _ABORT_FILTER.filter(record)
+    assert record.levelname == "WARNING" and record.exc_info is None
+    assert "graceful shutdown exceeded" in record.getMessage()
+    other = logging.LogRecord(
+        "uvicorn.error", logging.ERROR, __file__, 1, "Exception in ASGI application\n", (), None
+    )
+    assert _ABORT_FILTER.filter(other) and other.levelname == "ERROR"  # real errors stay

@@ -98,6 +98,11 @@ def test_validation_errors_are_one_line_per_setting(tmp_path):
     assert "pydantic" not in str(info.value)
 
 
+def test_an_empty_api_key_is_refused_not_read_as_no_key():
+    with pytest.raises(ValueError, match=r"api_key = '' \(from --api-key\)"):
+        ServerConfig.load(overrides={"api_key": ""}, environ={})
+
+
 def test_readme_lists_every_setting_with_its_default():
     rows = {}
     for line in README.read_text().splitlines():

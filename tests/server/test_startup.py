@@ -190,17 +190,21 @@ def test_requests_right_after_a_failed_load_do_not_load_again(tmp_path, monkeypa
 
     state = ServerState(tiny_server_config(tmp_path, lazy_load=True), failing_build)
 
-    async def three_requests() -> list[str]:
-        messages = []
+    async def three_requests() -> list[ModelLoadError]:
+        errors = []
         for _ in range(3):
             with pytest.raises(ModelLoadError) as info:
                 await state.load()
-            messages.append(str(info.value))
-        return messages
+            errors.append(info.value)
+        return errors
 
     import asyncio
 
-    messages = asyncio.run(three_requests())
+    from fishserve.server.errors import response_for
+
+    errors = asyncio.run(three_requests())
+    messages = [str(e) for e in errors]
     assert len(calls) == 1  # the other two failed at once, with the same reason
     assert all("checkpoint folder not found" in m for m in messages)
-    assert "next try in" in messages[1]
+    wait = messages[1].rsplit("next try in ", 1)[1].split(" s")[0]
+    assert response_for(errors[1]).headers["retry-after"] == wait  # the header says the same

@@ -145,6 +145,16 @@ def test_openai_sdk_works_unchanged(server):
     assert rate == 44100 and len(audio) > 0
 
 
+def test_openai_pcm_is_24_khz(server):
+    body = {"input": "Raw samples.", "voice": "default", "response_format": "pcm"}
+    response = httpx.post(server.url + "/v1/audio/speech", json=body, timeout=120)
+    assert response.status_code == 200 and response.headers["x-sample-rate"] == "24000"
+    samples = pcm(response.content).size
+    frames = samples * 44100 / 24000 / FRAME_SAMPLES  # whole code frames at the model's rate
+    assert samples > 0 and abs(frames - round(frames)) < 0.05
+    assert samples % FRAME_SAMPLES != 0  # not 44.1 kHz frames left as they were
+
+
 def test_openai_sse_stream(server):
     body = {
         "model": "x",

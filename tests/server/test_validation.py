@@ -56,6 +56,8 @@ TTS_CASES = [
     ({"text": ""}, 422, "text"),
     ({"text": "   \n "}, 400, "empty"),
     ({"text": "**  **"}, 400, "empty"),
+    ({"text": "\u200b\u200b\ufeff"}, 400, "nothing to speak"),
+    ({"text": "\x00\x07", "normalize": False}, 400, "nothing to speak"),
     ({}, 422, "text"),
     ({"text": 5}, 422, "text"),
     ({"text": "x" * 501}, 400, "limit"),
@@ -90,6 +92,15 @@ def test_bad_tts_input(server, body, status, message):
     error = response.json()
     assert message in error["message"]
     assert error["statusCode"] == status and error["error"]["message"] == error["message"]
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "repetition_penalty"])
+def test_nan_is_not_a_finite_number(server, field):
+    body = f'{{"text": "hi", "{field}": NaN}}'.encode()
+    response = httpx.post(
+        server.url + "/v1/tts", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422 and "finite number" in response.json()["message"]
 
 
 def test_malformed_bodies(server):
@@ -396,16 +407,17 @@ def test_adding_a_voice_needs_multipart(server):
 
 
 @pytest.mark.parametrize(
-    ("fields", "audio", "param"),
+    ("fields", "audio", "status", "param"),
     [
-        ({"id": "../evil", "text": "x"}, TONE, "id"),
-        ({"id": "junk", "text": "x"}, b"RIFFjunk", "audio"),
+        ({"id": "../evil", "text": "x"}, TONE, 400, "id"),
+        ({"id": "junk", "text": "x"}, b"RIFFjunk", 400, "audio"),
+        ({"id": "chatty", "text": "x" * 2001}, TONE, 422, "text"),
     ],
 )
-def test_a_refused_voice_names_the_field_at_fault(server, fields, audio, param):
+def test_a_refused_voice_names_the_field_at_fault(server, fields, audio, status, param):
     url = server.url + "/v1/references/add"
     response = httpx.post(url, data=fields, files={"audio": ("v.wav", audio)}, timeout=60)
-    assert response.status_code == 400, response.text
+    assert response.status_code == status, response.text
     assert response.json()["error"]["param"] == param
 
 
