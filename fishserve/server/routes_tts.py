@@ -82,10 +82,23 @@ async def parse_body(request: Request) -> Any:
     except RecursionError:
         raise ApiError(400, "request body is nested too deeply") from None
     except (ValueError, ormsgpack.MsgpackDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid {kind}: {exc}") from exc
+        raise ApiError(400, body_error(kind, exc)) from exc
     raise ApiError(
         415, f"unsupported content type {kind!r}: use application/json or application/msgpack"
     )
+
+
+def body_error(kind: str, exc: Exception) -> str:
+    """The 400 message for a body that does not parse: the parser's words where they speak
+    to a client, not a Python programmer."""
+    if "msgpack" in kind:  # ormsgpack names its internal types ("invalid type Reserved")
+        return (
+            f"request body is not valid {kind}: expected a map of strings, numbers, booleans, "
+            "bytes, arrays, maps or nil"
+        )
+    if "digits" in str(exc):  # Python's int limit: "Exceeds the limit (4300 digits) ..."
+        return f"request body is not valid {kind}: a number has too many digits"
+    return f"request body is not valid {kind}: {exc}"
 
 
 def prepare_text(state: ServerState, text: str, normalize: bool, param: str = "text") -> str:

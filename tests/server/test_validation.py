@@ -103,6 +103,20 @@ def test_nan_is_not_a_finite_number(server, field):
     assert response.status_code == 422 and "finite number" in response.json()["message"]
 
 
+@pytest.mark.parametrize(
+    ("body", "kind", "message"),
+    [
+        (b'{"text": "hi", "seed": ' + b"9" * 5000 + b"}", "application/json", "too many digits"),
+        (b"\xc1", "application/msgpack", "expected a map"),
+        (b"\xd4\x01\x02", "application/msgpack", "expected a map"),  # an ext type
+    ],
+)
+def test_unparsable_bodies_say_so_in_a_client_s_words(server, body, kind, message):
+    response = httpx.post(server.url + "/v1/tts", content=body, headers={"content-type": kind})
+    assert response.status_code == 400 and message in response.json()["message"]
+    assert "sys." not in response.text and "Reserved" not in response.text
+
+
 def test_malformed_bodies(server):
     url = server.url + "/v1/tts"
     assert (
