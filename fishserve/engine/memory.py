@@ -10,6 +10,7 @@ process allocates on the device, so admission by free blocks can never run it ou
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -71,6 +72,8 @@ def parse_memory_size(text: str | int | float) -> int | float:
         if match is None or match.group(2).lower() not in _UNITS:
             raise ValueError(f"not a memory size: {text!r} (use e.g. 4GiB, 512MiB or 0.9)")
         value, unit = float(match.group(1)), match.group(2).lower()
+    if not math.isfinite(value):
+        raise ValueError(f"not a memory size: {text!r} (use e.g. 4GiB, 512MiB or 0.9)")
     if unit == "" and value <= 1.0:
         if value <= 0:
             raise ValueError(f"memory fraction must be in (0, 1], got {text!r}")

@@ -239,8 +239,8 @@ def ignored_fields_note(body: SpeechRequest) -> str | None:
     notes = []
     if body.instructions:
         notes.append("instructions are ignored by Fish Speech 1.5")
-    if extra := sorted(body.model_extra or {}):
-        names = ", ".join(extra)[:200]
+    if extra := sorted(body.model_extra or {}):  # escaped: a header is ASCII, one line
+        names = ", ".join(json.dumps(name)[1:-1] for name in extra)[:200]
         notes.append(f"fields not in OpenAI's speech API are ignored: {names}")
     return "; ".join(notes) or None
 

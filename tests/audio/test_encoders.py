@@ -242,3 +242,12 @@ def test_resampled_chunks_equal_a_one_shot_resample_and_close_their_source() -> 
     assert abs(out.size - 24000) <= 1 and closed == [True]
     n = min(out.size, expected.size)
     np.testing.assert_allclose(out[:n], expected[:n], atol=2e-3)
+
+    async def leave_early() -> list[bool]:  # a client gone after the first chunk
+        resampled = resample_chunks(source(), 44100, 24000)
+        await anext(resampled)
+        await resampled.aclose()
+        return list(closed)  # before asyncio.run's own clean-up of leftover generators
+
+    closed.clear()
+    assert asyncio.run(leave_early()) == [True]  # the source was closed with it

@@ -29,7 +29,7 @@ def test_parse_memory_size(text, value):
     assert parse_memory_size(text) == value
 
 
-@pytest.mark.parametrize("text", ["lots", "4 parsecs", "-1", "0"])
+@pytest.mark.parametrize("text", ["lots", "4 parsecs", "-1", "0", "1e400", "1e400GiB"])
 def test_parse_memory_size_rejects(text):
     with pytest.raises(ValueError):
         parse_memory_size(text)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fishserve.server.decode_plan import plan_call
 
@@ -46,6 +48,36 @@ def test_the_padded_batch_counts() -> None:
 def test_without_a_fixed_cost_the_smallest_bucket_wins_and_ties_go_to_it() -> None:
     assert plan([8, 64, 8], overhead=0.0) == [0, 2]
     assert plan_call([8, 16], [8, 8], 4, by8, lambda n: n, 0.0) == [0]
+    # a true tie: 8 / 8 == (8 + 24) / (2 * 16): the smaller bucket
+    assert plan_call([8, 16], [8, 24], 4, by8, lambda n: n, 0.0) == [0]
+
+
+def test_a_tie_between_all_fitting_jobs_and_an_unpadded_batch_takes_more_jobs() -> None:
+    # 3 jobs padded to 4 rows vs 2 unpadded: 3 * 8 / (4 * 8) < 2 * 8 / (2 * 8), so 2 jobs; with
+    # a fourth row's worth of new frames in the third job the two tie, and more jobs win
+    assert plan_call([8, 8, 8], [8, 8, 8], 4, by8, pow2, 0.0) == [0, 1]
+    assert plan_call([8, 8, 8], [8, 8, 16], 4, lambda n: 8, pow2, 0.0) == [0, 1, 2]
+
+
+def test_jobs_in_smaller_buckets_than_the_earliest_never_push_it_out() -> None:
+    # a bucket of 8 would decode more per cost, but the earliest job does not fit it
+    assert 0 in plan([64] + [8] * 8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    frames=st.lists(st.integers(1, 80), min_size=1, max_size=40),
+    max_batch=st.integers(1, 20),
+    overhead=st.floats(0, 200),
+)
+def test_the_plan_is_the_earliest_job_and_at_most_max_batch_fitting_jobs_in_order(
+    frames: list[int], max_batch: int, overhead: float
+) -> None:
+    take = plan_call(frames, frames, max_batch, by8, pow2, overhead)
+    assert take[0] == 0 and take == sorted(set(take)) and len(take) <= max_batch
+    size = max(by8(frames[i]) for i in take)
+    fitting = [i for i, n in enumerate(frames) if by8(n) <= size]
+    assert take == fitting[: len(take)]  # no fitting job skipped for a later one
 
 
 @pytest.mark.parametrize(

@@ -455,3 +455,20 @@ def test_the_speech_response_names_ignored_fields() -> None:
     note = ignored_fields_note(extra)
     assert note is not None
     assert "instructions are ignored" in note and "ignored: max_new_tokens" in note
+    odd = SpeechRequest.model_validate({"input": "Hi.", "voice": "default", "中": 1, "a\nb": 2})
+    note = ignored_fields_note(odd)
+    assert note is not None and note.isascii() and "\n" not in note  # a valid header value
+    assert "\\u4e2d" in note and "a\\nb" in note
+
+
+def test_the_speech_route_serves_requests_with_odd_extra_field_names(server):
+    body = {
+        "input": "Hi.",
+        "voice": "default",
+        "中": 1,
+        "a\rX-Evil: 1": 2,
+        "response_format": "pcm",
+    }
+    response = httpx.post(server.url + "/v1/audio/speech", json=body, timeout=120)
+    assert response.status_code == 200 and "x-evil" not in response.headers
+    assert "ignored" in response.headers["x-fishserve-note"]
