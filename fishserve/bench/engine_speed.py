@@ -206,9 +206,8 @@ def render_results(results: list[EngineBenchResult], console: Console) -> str:
         for r in results
     ]
     markdown = tables.render_table(head, rows, console)
-    profiled = [r for r in results if r.profile is not None]
-    if profiled:
-        markdown += "\n\n" + render_profiles(profiled, console)
+    if any(r.profile is not None for r in results):
+        markdown += "\n\n" + render_profiles(results, console)
     return markdown
 
 

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import profile
 
-TABLE_ROWS = 45  # operators in the table, by device time (host time on the CPU)
+from fishserve.engine.step_profiler import operator_table, profiler_activities
 
 __all__ = ["StepProfile", "profile_steps"]
 
@@ -50,24 +50,21 @@ def profile_steps(step: Callable[[], object], steps: int) -> StepProfile:
     """
     if steps < 1:
         raise ValueError(f"profile at least one step, got {steps}")
-    cuda = torch.cuda.is_available()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=profiler_activities()) as prof:
         start = time.perf_counter()
         for _ in range(steps):
             step()
-        if cuda:
+        if torch.cuda.is_available():
             torch.cuda.synchronize()
         wall_s = time.perf_counter() - start
     device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     span_us = 0.0
     if device:
         span_us = max(e.time_range.end for e in device) - min(e.time_range.start for e in device)
-    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     return StepProfile(
         wall_ms=wall_s / steps * 1e3,
         kernels=len(device) / steps,
         kernel_ms=sum(e.device_time_total for e in device) / steps / 1e3,
         span_ms=span_us / steps / 1e3,
-        table=prof.key_averages().table(sort_by=sort, row_limit=TABLE_ROWS),
+        table=operator_table(prof, self_time=True),
     )

@@ -37,7 +37,22 @@ MAX_STEPS = 1000  # the trace of every step stays in memory until it is written
 TABLE_ROWS = 40
 ENV_VARS = frozenset({ENV_DIR, ENV_START, ENV_STEPS})
 
-__all__ = ["StepProfiler"]
+__all__ = ["StepProfiler", "operator_table", "profiler_activities"]
+
+
+def profiler_activities() -> list[ProfilerActivity]:
+    """What `torch.profiler` records: host ops, and the device's kernels where there is one."""
+    cuda = [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
+    return [ProfilerActivity.CPU, *cuda]
+
+
+def operator_table(prof: profile, self_time: bool = False) -> str:
+    """The `TABLE_ROWS` operators of a finished profile that took the most device time (host
+    time without a device), total or `self_time` (without the operators they call)."""
+    sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    return prof.key_averages().table(
+        sort_by=f"self_{sort}" if self_time else sort, row_limit=TABLE_ROWS
+    )
 
 
 def _env_int(name: str, default: int, minimum: int, maximum: int | None = None) -> int:
@@ -117,10 +132,9 @@ class StepProfiler:
         if not self.enabled:
             return
         if self._prof is None and self._steps == self.start_step:
-            activities = [ProfilerActivity.CPU]
-            if torch.cuda.is_available():
-                activities.append(ProfilerActivity.CUDA)
-            self._prof = profile(activities=activities, experimental_config=_all_threads_config())
+            self._prof = profile(
+                activities=profiler_activities(), experimental_config=_all_threads_config()
+            )
             self._prof.__enter__()
             log.info("profiling engine steps %d to %d", self._steps, self._end - 1)
         self._started = time.perf_counter()
@@ -155,14 +169,12 @@ class StepProfiler:
             stem = self.directory / f"engine_steps_{os.getpid()}"
             trace, table = stem.with_suffix(".json"), stem.with_suffix(".txt")
             prof.export_chrome_trace(str(trace))
-            sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
             recorded = self._steps - self.start_step
             summary = (
                 f"engine steps {self.start_step}..{self._steps - 1}: "
                 f"{1e3 * self._wall / max(recorded, 1):.2f} ms wall per step (while recording)\n\n"
             )
-            ops = prof.key_averages().table(sort_by=sort, row_limit=TABLE_ROWS)
-            table.write_text(summary + ops)
+            table.write_text(summary + operator_table(prof))
             self.written = [trace, table]
             log.info("engine step profile written to %s and %s", trace, table)
         except Exception as exc:  # a failed write must not stop the engine

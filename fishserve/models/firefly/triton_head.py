@@ -314,9 +314,9 @@ def causal_conv_cl(
     if out is None:
         out = torch.empty((batch, out_len, c_out), dtype=x.dtype, device=x.device)
     block_t, block_n, block_k, warps = _blocks(c_in, c_out, x.element_size())
-    grid = (triton.cdiv(out_len, block_t), triton.cdiv(c_out, block_n), batch)
     if out_len == 0 or batch == 0:
         return out
+    grid = (triton.cdiv(out_len, block_t), triton.cdiv(c_out, block_n), batch)
     _causal_conv_kernel[grid](
         x,
         conv.weight,
@@ -474,9 +474,14 @@ def _reach(conv: PackedConv) -> int:
     return (conv.kernel_size - 1) * conv.dilation
 
 
+def _resblock_reach(pairs: tuple[tuple[PackedConv, PackedConv], ...]) -> int:
+    """Left reach of a ResBlock: both convs of every dilation."""
+    return sum(_reach(c1) + _reach(c2) for c1, c2 in pairs)
+
+
 def _block_reach(resblocks: tuple[tuple[tuple[PackedConv, PackedConv], ...], ...]) -> int:
-    """Left reach of a ParallelBlock: that of its longest ResBlock (two convs per dilation)."""
-    return max(sum(_reach(c1) + _reach(c2) for c1, c2 in pairs) for pairs in resblocks)
+    """Left reach of a ParallelBlock: that of its longest ResBlock."""
+    return max(_resblock_reach(pairs) for pairs in resblocks)
 
 
 def _pack_block(block: ParallelBlock) -> tuple[tuple[tuple[PackedConv, PackedConv], ...], ...]:
@@ -512,7 +517,7 @@ def _parallel_block(
             total = tail * scale if total is None else total + tail * scale
             continue
         h = x
-        left = sum(_reach(c1) + _reach(c2) for c1, c2 in pairs)  # reach still ahead
+        left = _resblock_reach(pairs)  # reach still ahead
         for i, (c1, c2) in enumerate(pairs):
             left -= _reach(c1) + _reach(c2)
             y_len = min(out_len + left + _reach(c2), h.shape[1])
