@@ -347,7 +347,7 @@ def generate_with_engine(
             progress.update(task, completed=done, frames=len(frames))
     if not frames:
         return torch.zeros(engine.model.config.num_codebooks, 0, dtype=torch.int64)
-    return torch.stack(frames, dim=1)
+    return torch.from_numpy(np.stack(frames, axis=1))
 
 
 def _progress(console: Console) -> Progress:

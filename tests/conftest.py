@@ -12,6 +12,7 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -82,7 +83,10 @@ def run_engine(engine, requests, max_steps: int = 10_000):
         raise AssertionError("engine did not finish")
     nc = engine.model.config.num_codebooks
     return {
-        rid: (torch.stack(f, 1) if f else torch.zeros(nc, 0, dtype=torch.long), finals.get(rid))
+        rid: (
+            torch.from_numpy(np.stack(f, 1)) if f else torch.zeros(nc, 0, dtype=torch.long),
+            finals.get(rid),
+        )
         for rid, f in frames.items()
     }
 

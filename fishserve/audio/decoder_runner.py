@@ -42,6 +42,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -172,6 +173,17 @@ def _decode(
 _decode_compiled = gpu_fused(_decode)
 
 
+@dataclass
+class _Captured:
+    """One bucket's CUDA graph and the static tensors it reads and writes."""
+
+    graph: torch.cuda.CUDAGraph
+    codes: Tensor  # (B, G, L) int64
+    lengths: Tensor  # (B,) int64
+    skip: Tensor | None  # (num_convs, B) int64 skip rows of a trimmed head, else None
+    wave: Tensor  # (B, frames * frame_samples) float32
+
+
 class DecoderRunner:
     """Decodes padded batches of jobs through fixed shapes (see module docstring).
 
@@ -251,8 +263,7 @@ class DecoderRunner:
         # Pinned copies: a pageable copy here blocked the engine thread's CUDA calls until the
         # whole decoder call had run (`fishserve.engine.host_copy`).
         self._audio_down = PinnedDownload(self.device)
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor, Tensor, Tensor]]
-        self.graphs = {}
+        self.graphs: dict[tuple[int, int], _Captured] = {}
         self.busy = BusyTimer(self.device)
         self.calls = 0
         self.frames_decoded = 0
@@ -358,8 +369,11 @@ class DecoderRunner:
             keep = min(job.context_frames, context) + job.new_frames
             codes[i, :, :keep] = job.codes[:, job.total_frames - keep :]
             lengths[i] = keep
-        rows = self._run(codes, lengths, frames, b)
         fs = self.config.frame_samples
+        wanted = [job.new_frames * fs for job in jobs] + [0] * (bb - b)  # padded rows: none
+        assert self.head is not None
+        skip = self.head.skip_rows(frames * fs, codes.shape[2] * self._latent_rate, wanted)
+        rows = self._run(codes, lengths, frames, b, skip)
         return [rows[i, (frames - job.new_frames) * fs :].copy() for i, job in enumerate(jobs)]
 
     def _decode_padded(self, codes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -374,22 +388,35 @@ class DecoderRunner:
             codes = padded
         return self._run(codes, lengths, codes.shape[2], b)[:, : frames * self.config.frame_samples]
 
-    def _run(self, codes: np.ndarray, lengths: np.ndarray, frames: int, rows: int) -> np.ndarray:
+    def _run(
+        self,
+        codes: np.ndarray,
+        lengths: np.ndarray,
+        frames: int,
+        rows: int,
+        skip: np.ndarray | None = None,
+    ) -> np.ndarray:
         """One call on ``(B, G, L)`` codes: the first `rows` of its ``(B, frames *
         frame_samples)`` float32 output (on CUDA a view of a pinned buffer that the next call
-        overwrites). `frames` is ``L``, or the new frames per job when trimming."""
+        overwrites). `frames` is ``L``, or the new frames per job when trimming; `skip`: the
+        trimmed head's skip rows (`TritonHead.skip_rows`)."""
         if self.stream is None:
             with self.busy.measure():
-                return self._eager(codes, lengths, frames)[:rows].numpy()
+                return self._eager(codes, lengths, frames, skip)[:rows].numpy()
         with torch.cuda.stream(self.stream), torch.inference_mode(), self.busy.measure():
             graph = self.graphs.get((codes.shape[0], frames)) if self.use_graphs else None
             if graph is not None:
-                _, codes_in, lengths_in, wave = graph
-                copy_to_device_(codes_in, torch.from_numpy(codes))
-                copy_to_device_(lengths_in, torch.from_numpy(lengths))
-                graph[0].replay()
+                copy_to_device_(graph.codes, torch.from_numpy(codes))
+                copy_to_device_(graph.lengths, torch.from_numpy(lengths))
+                if graph.skip is not None:  # no table: skip nothing (not the last call's)
+                    if skip is None:
+                        graph.skip.zero_()
+                    else:
+                        copy_to_device_(graph.skip, torch.from_numpy(skip))
+                graph.graph.replay()
+                wave = graph.wave
             else:
-                wave = self._eager(codes, lengths, frames)
+                wave = self._eager(codes, lengths, frames, skip)
             return self._audio_down.download_view(wave[:rows])  # waits for this stream
 
     @property
@@ -408,20 +435,37 @@ class DecoderRunner:
         )
         return self.partition.stream
 
-    def _eager(self, codes: np.ndarray, lengths: np.ndarray, frames: int) -> Tensor:
+    def _eager(
+        self, codes: np.ndarray, lengths: np.ndarray, frames: int, skip: np.ndarray | None
+    ) -> Tensor:
         codes_t = to_device(torch.from_numpy(codes), self.device)
         lengths_t = to_device(torch.from_numpy(lengths), self.device)
+        skip_t = None if skip is None else to_device(torch.from_numpy(skip), self.device)
         with torch.inference_mode():
-            return self._call(codes_t, lengths_t, frames)
+            return self._call(codes_t, lengths_t, frames, skip_t)
 
-    def _call(self, codes: Tensor, lengths: Tensor, frames: int) -> Tensor:
+    @property
+    def _latent_rate(self) -> int:
+        """Latent steps per code frame (the quantizer's upsampling)."""
+        return self.config.downsample_factor
+
+    def _call(
+        self, codes: Tensor, lengths: Tensor, frames: int, skip: Tensor | None = None
+    ) -> Tensor:
         """``(B, G, L)`` codes on the device -> ``(B, frames * frame_samples)`` float32."""
         if self.trim_context is not None:
             assert self.head is not None
-            return self.decoder.decode_tail_unchecked(codes, lengths, frames, self.head)
+            return self.decoder.decode_tail_unchecked(codes, lengths, frames, self.head, skip)
         if self.device.type == "cuda":
             return self._forward(codes, lengths, self.decoder)[:, 0]
         return self.decoder.decode_unchecked(codes, lengths)[:, 0]
+
+    def _skip_input(self, frames: int, width: int, batch: int) -> Tensor | None:
+        """A captured trimmed call's skip rows (none skipped until a call writes them)."""
+        if self.trim_context is None or self.head is None:
+            return None
+        plan = self.head.tail_plan(frames * self.config.frame_samples, width * self._latent_rate)
+        return torch.zeros((len(plan), batch), dtype=torch.int64, device=self.device)
 
     def _capture_all(self) -> None:
         """Warm up (compile) and capture every bucket, largest first (one shared memory pool)."""
@@ -435,14 +479,15 @@ class DecoderRunner:
                 shape = (bb, groups, fb + context)
                 codes = torch.zeros(shape, dtype=torch.int64, device=self.device)
                 lengths = torch.full((bb,), fb + context, dtype=torch.int64, device=self.device)
+                skip = self._skip_input(fb, shape[2], bb)
                 with torch.cuda.stream(self.stream), torch.inference_mode():
                     for _ in range(2):  # compile / pick cuDNN algorithms outside the capture
-                        self._call(codes, lengths, fb)
+                        self._call(codes, lengths, fb, skip)
                     self.stream.synchronize()
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool, stream=self.stream):
-                        wave = self._call(codes, lengths, fb)
-                self.graphs[(bb, fb)] = (graph, codes, lengths, wave)
+                        wave = self._call(codes, lengths, fb, skip)
+                self.graphs[(bb, fb)] = _Captured(graph, codes, lengths, skip, wave)
         log.info(
             "captured %d decoder CUDA graphs (batch %s x frames %s) in %.1f s",
             len(self.graphs),

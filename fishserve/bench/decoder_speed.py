@@ -1,7 +1,10 @@
 """`fishserve bench-decoder`: batched Firefly decoding throughput (code frames per second).
 
 Each job is one streaming chunk as the server decodes it: `left_context` frames of context
-plus `chunk` new frames (`fishserve.audio.streaming`); B jobs go through one call. Modes:
+plus `chunk` new frames (`fishserve.audio.streaming`); B jobs go through one call. With several
+chunk lengths (``--chunk 10,40``) the jobs of a call take them in turn, as a loaded server's
+calls mix first chunks and later ones (the trimmed head computes each job only as far back as
+its own new frames need, `TritonHead.skip_rows`). Modes:
 ``eager`` is one plain `decode_batch` call (conv1d, no compilation); the others run the
 server's `DecoderRunner` (one CUDA graph per shape bucket; on CPU it runs eager): ``graphs``
 with the PyTorch head, ``triton`` with the fused Triton head and trimmed context (the
@@ -41,26 +44,33 @@ class DecoderBenchResult:
     dtype: str
     mode: str
     batch: int
-    chunk: int
+    chunk: int  # new frames of the longest job
     context: int
     ms_per_call: float
     frames_per_s: float
     realtime_streams: float
     peak_gpu_bytes: int
     startup_s: float
+    chunks: list[int]  # the jobs' new frames, taken in turn
 
 
 def make_jobs(
-    decoder: FireflyGenerator, batch: int, chunk: int, seed: int = 0, whole_clips: bool = False
+    decoder: FireflyGenerator,
+    batch: int,
+    chunks: list[int],
+    seed: int = 0,
+    whole_clips: bool = False,
 ) -> list[DecodeJob]:
-    """`batch` random jobs of receptive-field context + `chunk` new frames (no context with
-    `whole_clips`: each job is a clip decoded at once, as a non-streaming server does)."""
+    """`batch` random jobs of receptive-field context + new frames, job i taking
+    ``chunks[i % len(chunks)]`` (no context with `whole_clips`: each job is a clip decoded at
+    once, as a non-streaming server does)."""
     rng = np.random.default_rng(seed)
     context = 0 if whole_clips else receptive_field_frames(decoder.config)
     groups = decoder.config.n_groups
+    news = [chunks[i % len(chunks)] for i in range(batch)]
     return [
-        DecodeJob(rng.integers(0, 1000, (groups, context + chunk), dtype=np.int64), context)
-        for _ in range(batch)
+        DecodeJob(rng.integers(0, 1000, (groups, context + n), dtype=np.int64), context)
+        for n in news
     ]
 
 
@@ -96,43 +106,44 @@ def bench_mode(
     decoder: FireflyGenerator,
     mode: str,
     batches: list[int],
-    chunk: int,
+    chunks: list[int],
     repeats: int,
     whole_clips: bool = False,
 ) -> list[DecoderBenchResult]:
-    """All batch sizes of one weight dtype and mode."""
+    """All batch sizes of one weight dtype and mode (jobs' new frames: `chunks`, in turn)."""
     if mode not in MODES:
         raise ValueError(f"unknown decoder bench mode {mode!r}; use {', '.join(MODES)}")
     cuda = decoder.device.type == "cuda"
     start = time.perf_counter()
     runner = None
     if mode != "eager":
-        runner = build_runner(decoder, max(batches), chunk, mode)
+        runner = build_runner(decoder, max(batches), max(chunks), mode)
     startup = time.perf_counter() - start
     results = []
     for batch in batches:
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        jobs = make_jobs(decoder, batch, chunk, whole_clips=whole_clips)
+        jobs = make_jobs(decoder, batch, chunks, whole_clips=whole_clips)
         if runner is None:
             call = partial(decode_batch, decoder, jobs)
         else:
             call = partial(runner.decode_jobs, jobs)
         seconds = time_calls(call, cuda, repeats)
-        fps = batch * chunk / seconds
+        fps = sum(job.new_frames for job in jobs) / seconds
         peak = torch.cuda.max_memory_allocated() if cuda else 0
         results.append(
             DecoderBenchResult(
                 name,
                 mode,
                 batch,
-                chunk,
+                max(chunks),
                 jobs[0].context_frames,
                 seconds * 1e3,
                 fps,
                 fps / decoder.config.frame_rate,
                 peak,
                 startup,
+                list(chunks),
             )
         )
     return results
@@ -142,7 +153,7 @@ def run_decoder_bench(
     decoders: dict[str, FireflyGenerator],
     modes: list[str],
     batches: list[int],
-    chunk: int,
+    chunks: list[int],
     repeats: int,
     output: Path | None,
     console: Console,
@@ -154,7 +165,7 @@ def run_decoder_bench(
     results = []
     for name, decoder in decoders.items():
         for mode in modes:
-            results += bench_mode(name, decoder, mode, batches, chunk, repeats, whole_clips)
+            results += bench_mode(name, decoder, mode, batches, chunks, repeats, whole_clips)
     head = ["weights", "mode", "batch", "chunk", "ctx", "ms/call", "frames/s", "RT streams"]
     head += ["peak GiB", "start-up s"]
     rows = [
@@ -162,7 +173,7 @@ def run_decoder_bench(
             r.dtype,
             r.mode,
             str(r.batch),
-            str(r.chunk),
+            ",".join(map(str, r.chunks)),
             str(r.context),
             f"{r.ms_per_call:.2f}",
             f"{r.frames_per_s:,.0f}",

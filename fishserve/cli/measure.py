@@ -315,7 +315,13 @@ def bench_decoder(
     device: DeviceOpt = "auto",
     dtypes: Annotated[str, typer.Option(help="Comma list of weight dtypes.")] = "bf16,fp32",
     batch_sizes: Annotated[str, typer.Option(help="Comma list of jobs per call.")] = "1,8,32",
-    chunk: Annotated[int, typer.Option(min=1, help="New frames per job.")] = 64,
+    chunk: Annotated[
+        str,
+        typer.Option(
+            help="New frames per job; a comma list (e.g. 10,40) gives the jobs of a call those "
+            "lengths in turn, as a loaded server's calls mix first and later chunks."
+        ),
+    ] = "64",
     repeats: Annotated[int, typer.Option(min=1, help="Timed calls per point.")] = 10,
     modes: Annotated[
         str,
@@ -343,6 +349,7 @@ def bench_decoder(
     from fishserve.models.loading import DTYPES, resolve_device
 
     batches = parse_sizes(batch_sizes, "--batch-sizes")
+    chunks = parse_sizes(chunk, "--chunk")
     mode_names = parse_names(modes, MODES, "--modes")
     dtype_names = parse_names(dtypes, tuple(DTYPES), "--dtypes")
     dev = resolve_device(device)
@@ -359,7 +366,7 @@ def bench_decoder(
         decoders,
         list(mode_names),
         batches,
-        chunk,
+        chunks,
         repeats,
         output,
         err_console,

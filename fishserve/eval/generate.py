@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -74,7 +75,7 @@ def generate(engine: LLMEngine, prompt: Prompt, seed: int, params: SamplingParam
     synchronize(engine.device)
     start = time.perf_counter()
     engine.add_request(request)
-    frames: list[Tensor] = []
+    frames: list[np.ndarray] = []
     while engine.has_work():
         for event in engine.step():
             if event.codes is not None:
@@ -84,5 +85,7 @@ def generate(engine: LLMEngine, prompt: Prompt, seed: int, params: SamplingParam
     synchronize(engine.device)
     seconds = time.perf_counter() - start
     nc = engine.model.config.num_codebooks
-    codes = torch.stack(frames, 1) if frames else torch.zeros(nc, 0, dtype=torch.long)
+    codes = torch.zeros(nc, 0, dtype=torch.long)
+    if frames:
+        codes = torch.from_numpy(np.stack(frames, 1))
     return Generation(prompt_columns(engine, prompt.text), codes, len(frames) + 1, seconds)

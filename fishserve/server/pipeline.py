@@ -114,7 +114,7 @@ async def synthesize(
             want = decoder.frames_wanted(early) if first_frame else 1
             batch = await _next_events(stream, want, playback.hurry_at(), deadline, timeout)
             finished = bool(batch) and batch[-1].finished  # a `finished` event is always last
-            codes = [e.codes.numpy() for e in batch if e.codes is not None]
+            codes = [e.codes for e in batch if e.codes is not None]
             if codes:  # one push for the whole backlog: per-frame work holds the GIL
                 first_frame = first_frame or time.monotonic()
                 frames += len(codes)

@@ -60,6 +60,21 @@ def test_bench_decoder_whole_clips_have_no_context(tmp_path: Path) -> None:
     ]  # fmt: skip
 
 
+def test_bench_decoder_mixes_chunk_lengths(tmp_path: Path) -> None:
+    """`--chunk 3,9`: the jobs of a call take the lengths in turn; frames/s counts them all."""
+    out = tmp_path / "mixed.json"
+    decoder = FIXTURES / "tiny_decoder"
+    run(["bench-decoder", "--device", "cpu", "--dtypes", "fp32", "--batch-sizes", "3",
+         "--chunk", "3,9", "--repeats", "1", "--modes", "eager",
+         "--decoder-checkpoint", str(decoder / "generator.pth"),
+         "--decoder-config", str(decoder / "config.json"), "--output", str(out)])  # fmt: skip
+    (result,) = json.loads(out.read_text())
+    assert result["chunks"] == [3, 9] and result["chunk"] == 9
+    seconds = result["ms_per_call"] / 1e3
+    assert result["frames_per_s"] == pytest.approx((3 + 9 + 3) / seconds)
+    assert "3,9" in out.with_suffix(".md").read_text()
+
+
 def test_bench_engine_runs_on_the_tiny_model(tmp_path: Path) -> None:
     out = tmp_path / "engine.json"
     run(["bench-engine", "--checkpoint", str(FIXTURES / "tiny_t2s"), "--device", "cpu",

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 from conftest import load_tiny_model, make_engine, run_engine
@@ -41,7 +42,7 @@ def run_staggered(engine, requests) -> tuple[dict[str, torch.Tensor], list[set[s
 
     runner._launch_rows = launch_rows
     runner._prefill = lambda b: paths.add("general") or general_path(b)
-    frames: dict[str, list[torch.Tensor]] = {r.request_id: [] for r in requests}
+    frames: dict[str, list[np.ndarray]] = {r.request_id: [] for r in requests}
     pending, steps = list(requests), []
     while pending or engine.has_work():
         if pending:
@@ -49,9 +50,9 @@ def run_staggered(engine, requests) -> tuple[dict[str, torch.Tensor], list[set[s
         paths.clear()
         for event in engine.step():
             if event.codes is not None:
-                frames[event.request_id].append(event.codes.cpu())
+                frames[event.request_id].append(event.codes)
         steps.append(set(paths))
-    return {rid: torch.stack(f, 1) for rid, f in frames.items()}, steps
+    return {rid: torch.from_numpy(np.stack(f, 1)) for rid, f in frames.items()}, steps
 
 
 def test_prompts_join_the_static_decode_step(tiny_model, tiny_tokenizer):

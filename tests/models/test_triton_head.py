@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -122,7 +123,8 @@ def test_tiles_fit_in_shared_memory() -> None:
             bt, bn, bk, _ = _blocks(c_in, c_out, elem_bytes)
             assert NUM_STAGES * (bt + bn) * bk * elem_bytes <= SMEM_LIMIT, (c_in, c_out)
             assert min(bt, bn, bk) >= 16  # tl.dot's smallest sides
-    assert _blocks(256, 256, 2) == (64, 128, 64, 4)  # bf16: the tiles measured on the H200
+    assert _blocks(256, 256, 2) == (64, 256, 32, 4)  # bf16: the tiles measured on the H200
+    assert _blocks(128, 128, 2) == (64, 128, 64, 4)
 
 
 @pytest.mark.skipif(not triton_head_available(), reason="Triton is not installed")
@@ -255,6 +257,25 @@ def test_empty_batch_gives_empty_audio(monkeypatch) -> None:
     assert fused(torch.zeros(2, 32, 0)).shape == (2, 1, 0)
 
 
+@pytest.mark.skipif(not triton_head_available(), reason="Triton is not installed")
+def test_skip_rows_follow_each_items_wanted_samples(monkeypatch) -> None:
+    """An item wanting all samples skips nothing, a padded row (0 samples) skips every step,
+    fewer samples skip more (never past a conv's length), and cached columns are reused."""
+    from fishserve.models.firefly.triton_head import TritonHead
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    fused = TritonHead(build_dummy_firefly(TINY / "firefly_gan_vq_tiny.yaml").head)
+    samples, steps = 20 * 64, 40  # hop 64: 20 latent steps of output out of 40
+    plan = np.asarray(fused.tail_plan(samples, steps))
+    table = fused.skip_rows(samples, steps, [samples, 5 * 64, 64, 0])
+    assert table.shape == (plan.size, 4) and table.dtype == np.int64
+    assert (table[:, 0] == 0).all() and (table[:, 3] == plan).all()
+    assert (table[:, 1] <= table[:, 2]).all() and (table[:, 2] < plan).all()
+    assert (table[:, 1] > 0).any()
+    again = fused.skip_rows(samples, steps, [0, samples])
+    assert (again == table[:, [3, 0]]).all() and len(fused._skip_cache) == 4
+
+
 def test_tail_inputs_are_refused_before_launch() -> None:
     """`out_len`, a residual longer than the output, and `valid` are checked (trimmed decode)."""
     packed = PackedConv.from_conv(CausalConv1d(4, 6, 3))
@@ -268,6 +289,8 @@ def test_tail_inputs_are_refused_before_launch() -> None:
     for valid in (torch.tensor([3, 4], dtype=torch.int32), torch.tensor([3])):
         with pytest.raises(ValueError, match="valid: expected"):
             causal_conv_cl(x, packed, silu_in=True, valid=valid)
+        with pytest.raises(ValueError, match="skip: expected"):
+            causal_conv_cl(x, packed, silu_in=True, skip=valid)
 
 
 TAIL_SCRIPT = """
@@ -318,6 +341,40 @@ with torch.inference_mode():
 lengths = fused.tail_lengths(24)
 assert lengths[-1] == 24 + 2 and lengths[0] < 30, lengths  # conv_post reach 2; less than all
 
+# 2b. the plan is what the convolutions get; skip rows leave unwanted tiles unwritten and
+# the wanted samples bit-identical (16-step tiles, so that whole tiles can be skipped)
+import fishserve.models.firefly.triton_head as th
+seen, conv_cl, blocks = [], th.causal_conv_cl, th._blocks
+def spy(x, conv, **kw):
+    seen.append(kw["out_len"])
+    return conv_cl(x, conv, **kw)
+th.causal_conv_cl = spy
+with torch.inference_mode():
+    fused.decode_tail(z.contiguous(), valid, 24)
+th.causal_conv_cl = conv_cl
+assert seen == fused.tail_plan(24, 30), (seen, fused.tail_plan(24, 30))
+th._blocks = lambda c_in, c_out, e: (16, 16, 16, 4)
+wanted = [24, 7, 0]
+table = fused.skip_rows(24, 30, wanted)
+assert table.shape == (len(seen), 3) and (table[:, 0] == 0).all(), table
+assert (table[:, 2] == seen).all() and (table[:, 1] > 0).any(), table
+with torch.inference_mode():
+    full = fused.decode_tail(z.contiguous(), valid, 24)
+    part = fused.decode_tail(z.contiguous(), valid, 24, torch.from_numpy(table))
+th._blocks = blocks
+for b, n in enumerate(wanted):
+    if n:
+        assert torch.equal(part[b, 24 - n :], full[b, 24 - n :]), f"skipped head item {b}"
+
+# 2c. one convolution: skipped tiles keep what `out` held, the rest is computed as without
+packed = PackedConv.from_conv(CausalConv1d(5, 6, 3))
+x = torch.randn(3, 300, 5)
+plain = causal_conv_cl(x, packed, silu_in=True)
+out = torch.full_like(plain, 1234.0)
+causal_conv_cl(x, packed, silu_in=True, out=out, skip=torch.tensor([0, 200, 300]))
+assert torch.equal(out[0], plain[0]) and torch.equal(out[1, 128:], plain[1, 128:])
+assert (out[1, :128] == 1234.0).all() and (out[2] == 1234.0).all()
+
 # 3. a generator: each item's new frames, decoded as the whole window would be
 tiny = FireflyConfig.from_file(TINY_DIR + "/firefly_gan_vq_tiny.yaml")
 small = dataclasses.replace(
@@ -350,6 +407,14 @@ assert [runner.job_frames(job) for job in jobs] == [5, 8, 2, 1, 11]
 for got, want in zip(runner.decode_jobs(jobs), decode_batch(gen, jobs), strict=True):
     close(torch.from_numpy(got), torch.from_numpy(want), "runner job")
 assert runner.frames_decoded == 27 and runner.calls == 2
+
+# 5. padded rows (9 jobs run as 16) and mixed lengths skip work, and the jobs' audio is kept
+wide = DecoderRunner(gen, 16, (4, 8), kernels="triton", trim_context=context, pad=True)
+assert wide.batch_bucket(9) == 16
+jobs = [DecodeJob(rng.integers(0, 500, (4, context + n), dtype=np.int64), context)
+        for n in (1, 8, 3, 8, 2, 5, 8, 1, 6)]
+for got, want in zip(wide.decode_jobs(jobs), decode_batch(gen, jobs), strict=True):
+    close(torch.from_numpy(got), torch.from_numpy(want), "padded runner job")
 print("ok")
 """
 

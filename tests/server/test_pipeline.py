@@ -9,7 +9,6 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-import torch
 
 from fishserve.audio.streaming import ChunkPolicy
 from fishserve.engine.async_engine import RequestStream
@@ -19,7 +18,7 @@ from fishserve.server.pipeline import Playback, SynthesisTimeoutError, early_chu
 
 
 def frame_event(rid: str = "r") -> EngineEvent:
-    return EngineEvent(rid, codes=torch.zeros(4, dtype=torch.long))
+    return EngineEvent(rid, codes=np.zeros(4, dtype=np.int64))
 
 
 def test_playback_asks_for_an_early_chunk_only_near_its_end(monkeypatch):

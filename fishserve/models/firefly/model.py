@@ -155,7 +155,12 @@ class FireflyGenerator(nn.Module):
         return wav * mask.float()
 
     def decode_tail_unchecked(
-        self, codes: Tensor, lengths: Tensor, new_frames: int, head: TritonHead
+        self,
+        codes: Tensor,
+        lengths: Tensor,
+        new_frames: int,
+        head: TritonHead,
+        skip: Tensor | None = None,
     ) -> Tensor:
         """The samples of each item's last `new_frames` frames, computing only what they need.
 
@@ -175,6 +180,10 @@ class FireflyGenerator(nn.Module):
                 (meaningless: drop them).
             new_frames: frames of output per item, ``<= W``.
             head: the decoder's head as a :class:`TritonHead`.
+            skip: int64 ``(num_convs, B)`` (:meth:`TritonHead.skip_rows` for
+                ``new_frames * frame_samples`` samples of ``W * downsample_factor`` latent
+                steps): items that want fewer samples (a shorter chunk, a padded row) are
+                computed only that far back; the samples before those are garbage.
 
         Returns:
             ``(B, new_frames * frame_samples)`` float32 at ``config.sample_rate`` Hz.
@@ -188,7 +197,8 @@ class FireflyGenerator(nn.Module):
         index = torch.arange(steps, device=z.device)[None, :] - (steps - valid)[:, None]
         index = torch.remainder(index, steps)[:, :, None].expand(-1, -1, channels)
         x = z.transpose(1, 2).gather(1, index)
-        return head.decode_tail(x, valid, new_frames * self.config.frame_samples).float()
+        samples = new_frames * self.config.frame_samples
+        return head.decode_tail(x, valid, samples, skip).float()
 
     def forward(self, codes: Tensor, feature_lengths: Tensor) -> tuple[Tensor, Tensor]:
         """Alias of :meth:`decode` (the generator's inference direction)."""

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -72,6 +74,7 @@ if triton is not None:
         acc_ptr,
         out_ptr,
         valid_ptr,
+        skip_ptr,
         in_len,
         out_len,
         res_len,
@@ -85,6 +88,7 @@ if triton is not None:
         HAS_RES: tl.constexpr,
         HAS_ACC: tl.constexpr,
         HAS_VALID: tl.constexpr,
+        HAS_SKIP: tl.constexpr,
         TANH_OUT: tl.constexpr,
         IEEE: tl.constexpr,
         BLOCK_T: tl.constexpr,
@@ -94,6 +98,10 @@ if triton is not None:
         pid_t = tl.program_id(0)
         pid_n = tl.program_id(1)
         batch = tl.program_id(2).to(tl.int64)
+        if HAS_SKIP:  # a constexpr branch: no load without a skip tensor
+            tile_end = tl.minimum((pid_t + 1) * BLOCK_T, out_len)
+            if tile_end <= tl.load(skip_ptr + batch):  # no row of this tile is wanted
+                return
         offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
@@ -103,30 +111,51 @@ if triton is not None:
         if HAS_VALID:
             lo = tl.maximum(in_len - tl.load(valid_ptr + batch).to(tl.int32) * rate, 0)
         acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-        steps: tl.constexpr = (C_IN + BLOCK_K - 1) // BLOCK_K  # channel slices per tap
-        for it in range(KSIZE * steps):  # one flat loop over (tap, slice): software-pipelined
-            j = it // steps
-            kk = (it % steps) * BLOCK_K + offs_k
-            t_src = offs_t + (in_len - out_len) - (KSIZE - 1 - j) * DIL
-            t_ok = (t_src >= lo) & (t_src < in_len)
-            k_ok = kk < C_IN
-            xv = tl.load(
-                x_base + t_src[:, None] * C_IN + kk[None, :],
-                mask=t_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )
-            if SILU_IN:
-                xf = xv.to(tl.float32)
-                xv = (xf * tl.sigmoid(xf)).to(xv.dtype)
-            wv = tl.load(
-                w_ptr + (j * C_IN + kk[:, None]) * C_OUT + offs_n[None, :],
-                mask=k_ok[:, None] & n_ok[None, :],
-                other=0.0,
-            )
-            if IEEE:
-                acc += tl.dot(xv, wv, input_precision="ieee")
-            else:
-                acc += tl.dot(xv, wv)
+        shift = in_len - out_len  # output step t reads input steps up to t + shift
+        # The reduction runs over (tap, input channel) pairs r = j * C_IN + c, the rows of the
+        # (K * C_IN, C_OUT) packed weight, in slices of BLOCK_K, software-pipelined.
+        if C_IN % BLOCK_K == 0:  # every slice lies within one tap: one time offset per slice
+            steps: tl.constexpr = C_IN // BLOCK_K
+            for it in range(KSIZE * steps):
+                j = it // steps
+                kk = (it % steps) * BLOCK_K + offs_k
+                t_src = offs_t + shift - (KSIZE - 1 - j) * DIL
+                t_ok = (t_src >= lo) & (t_src < in_len)
+                xv = tl.load(
+                    x_base + t_src[:, None] * C_IN + kk[None, :], mask=t_ok[:, None], other=0.0
+                )
+                if SILU_IN:
+                    xf = xv.to(tl.float32)
+                    xv = (xf * tl.sigmoid(xf)).to(xv.dtype)
+                wv = tl.load(
+                    w_ptr + (j * C_IN + kk[:, None]) * C_OUT + offs_n[None, :],
+                    mask=n_ok[None, :],
+                    other=0.0,
+                )
+                if IEEE:
+                    acc += tl.dot(xv, wv, input_precision="ieee")
+                else:
+                    acc += tl.dot(xv, wv)
+        else:  # slices span taps (few channels, or C_IN not a multiple): an im2col gather
+            RED: tl.constexpr = KSIZE * C_IN
+            for r0 in range(0, RED, BLOCK_K):
+                r = r0 + offs_k
+                r_ok = r < RED
+                t_src = offs_t[:, None] + shift - (KSIZE - 1 - r[None, :] // C_IN) * DIL
+                x_ok = (t_src >= lo) & (t_src < in_len) & r_ok[None, :]
+                xv = tl.load(x_base + t_src * C_IN + (r % C_IN)[None, :], mask=x_ok, other=0.0)
+                if SILU_IN:
+                    xf = xv.to(tl.float32)
+                    xv = (xf * tl.sigmoid(xf)).to(xv.dtype)
+                wv = tl.load(
+                    w_ptr + r[:, None] * C_OUT + offs_n[None, :],
+                    mask=r_ok[:, None] & n_ok[None, :],
+                    other=0.0,
+                )
+                if IEEE:
+                    acc += tl.dot(xv, wv, input_precision="ieee")
+                else:
+                    acc += tl.dot(xv, wv)
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         if TANH_OUT:
             acc = 2.0 * tl.sigmoid(2.0 * acc) - 1.0
@@ -207,16 +236,20 @@ NUM_STAGES = 3  # software-pipelining depth: tiles of x and W in flight per prog
 # sm80 has 163 KiB, sm90 227 KiB; CUDA C Programming Guide, "Compute Capabilities").
 SMEM_LIMIT = 96 * 1024
 MAX_ELEMENTS_PER_ITEM = 2**31  # offsets within one batch item are 32-bit
+SKIP_CACHE_SIZE = 4096  # skip-row columns kept (`TritonHead.skip_rows`; ~1 KB each)
 
 
 def _blocks(c_in: int, c_out: int, elem_bytes: int) -> tuple[int, int, int, int]:
     """(BLOCK_T, BLOCK_N, BLOCK_K, num_warps) for a conv shape (dot sides are at least 16).
 
     Measured on an H200 (bf16, docs/benchmarks.md §2): within a few % of the best of 10-20
-    configurations per shape of the released head. Tiles shrink (K, then N, then T) until
+    configurations per shape of the released head; 256 output channels per tile for layers
+    that wide (the first stage's ResBlocks: 0.07 instead of 0.11 ms per call of 16 chunks in
+    a sweep of 48 configurations, §6.11; conv_pre and the packed upsampling convs, 4% of the
+    head's time, get them too, unmeasured alone). Tiles shrink (K, then N, then T) until
     `NUM_STAGES` stages of the x and W tiles fit in `SMEM_LIMIT` (float32 needs it).
     """
-    block_n = max(16, min(128, triton.next_power_of_2(c_out)))
+    block_n = max(16, min(256 if c_out >= 256 else 128, triton.next_power_of_2(c_out)))
     block_k = max(16, min(64, triton.next_power_of_2(c_in)))
     block_t = 128 if block_n <= 64 else 64
     while NUM_STAGES * (block_t + block_n) * block_k * elem_bytes > SMEM_LIMIT:
@@ -274,6 +307,7 @@ def causal_conv_cl(
     out_len: int | None = None,
     valid: Tensor | None = None,
     rate: int = 1,
+    skip: Tensor | None = None,
 ) -> Tensor:
     """One fused causal convolution on channels-last activations (module docstring).
 
@@ -292,6 +326,10 @@ def causal_conv_cl(
             data is right-aligned); steps before them read as zeros, exactly the causal zero
             padding of a signal that starts there. Default: every step is signal.
         rate: input steps per unit of ``valid``.
+        skip: ``(B,)`` int64, item b needs only its output steps from ``skip[b]`` on: tiles of
+            output steps lying wholly before it (all of them when ``skip[b] >= T_out``) are
+            not computed, and their steps are left as they were (unwritten: garbage in a new
+            tensor). Default: every step is computed.
 
     Returns:
         ``(B, T_out, C_out)`` in ``x.dtype``.
@@ -301,14 +339,15 @@ def causal_conv_cl(
             device, an item is too long for 32-bit offsets (``T * C >= 2**31``), ``out_len`` is
             outside ``[0, T]``, ``residual``/``accumulate``/``out`` is not a contiguous tensor
             like ``x`` of the shapes above (``out`` and ``accumulate`` must not be ``x``), or
-            ``valid`` is not a ``(B,)`` int64 tensor on ``x``'s device.
+            ``valid`` or ``skip`` is not a ``(B,)`` int64 tensor on ``x``'s device.
     """
     out_len = x.shape[1] if out_len is None else out_len
     _check_io(x, conv, out_len, {"residual": residual, "accumulate": accumulate, "out": out})
-    if valid is not None and (
-        valid.shape != (x.shape[0],) or valid.dtype != torch.int64 or valid.device != x.device
-    ):
-        raise ValueError(f"valid: expected a ({x.shape[0]},) int64 tensor on {x.device}")
+    for name, rows in (("valid", valid), ("skip", skip)):
+        if rows is not None and (
+            rows.shape != (x.shape[0],) or rows.dtype != torch.int64 or rows.device != x.device
+        ):
+            raise ValueError(f"{name}: expected a ({x.shape[0]},) int64 tensor on {x.device}")
     batch, seq_len, c_in = x.shape
     c_out = conv.weight.shape[2]
     if out is None:
@@ -325,6 +364,7 @@ def causal_conv_cl(
         accumulate if accumulate is not None else x,
         out,
         valid if valid is not None else x,
+        skip if skip is not None else x,
         seq_len,
         out_len,
         residual.shape[1] if residual is not None else out_len,
@@ -338,6 +378,7 @@ def causal_conv_cl(
         HAS_RES=residual is not None,
         HAS_ACC=accumulate is not None,
         HAS_VALID=valid is not None,
+        HAS_SKIP=skip is not None,
         TANH_OUT=tanh_out,
         IEEE=x.dtype == torch.float32,
         BLOCK_T=block_t,
@@ -379,6 +420,7 @@ class TritonHead:
             for up, block in zip(head.ups, head.resblocks, strict=True)
         )
         self.post = PackedConv.from_conv(head.conv_post)
+        self._skip_cache: dict[tuple[int, int, int], np.ndarray] = {}
 
     def __call__(self, z: Tensor) -> Tensor:
         """``(B, num_mels, T)`` latent -> ``(B, 1, T * hop)`` waveform (as ``HiFiGANHead``).
@@ -393,7 +435,7 @@ class TritonHead:
             batch, seq_len, _ = x.shape
             x = causal_conv_cl(x, stage.up, silu_in=True)
             x = x.view(batch, seq_len * stage.up.upsample, -1)
-            x = _parallel_block(x, stage.resblocks)
+            x = _parallel_block(x, stage)
         wav = causal_conv_cl(x, self.post, silu_in=True, tanh_out=True)
         return wav.view(wav.shape[0], 1, wav.shape[1])  # (B, T, 1) and (B, 1, T) share memory
 
@@ -422,7 +464,67 @@ class TritonHead:
             need = -(-blocks[0] // stage.up.upsample) + _reach(stage.up)
         return [need + _reach(self.pre), need, *blocks]
 
-    def decode_tail(self, x: Tensor, valid: Tensor, out_samples: int) -> Tensor:
+    def tail_plan(self, out_samples: int, steps: int) -> list[int]:
+        """Output steps of every convolution of :meth:`decode_tail`, in call order.
+
+        Args:
+            out_samples: waveform samples wanted (the call's last ones).
+            steps: latent steps of the call's input.
+
+        Returns:
+            One length per convolution: ``conv_pre``, then per stage the upsampling and, per
+            ResBlock and dilation, ``c1`` and ``c2``; ``conv_post`` (= `out_samples`) last.
+        """
+        return self._plan(out_samples, steps)[0]
+
+    def _plan(self, out_samples: int, steps: int) -> tuple[list[int], list[int]]:
+        """(`tail_plan`, each stage's ParallelBlock output steps)."""
+        lengths = self.tail_lengths(out_samples)
+        plan, blocks = [min(lengths[1], steps)], []
+        have = plan[0]
+        for i, stage in enumerate(self.stages):
+            rows = min(-(-lengths[2 + 2 * i] // stage.up.upsample), have)
+            available = rows * stage.up.upsample
+            have = min(lengths[3 + 2 * i], available)
+            plan.append(rows)
+            plan += _block_plan(stage.resblocks, available, have)
+            blocks.append(have)
+        plan.append(out_samples)
+        return plan, blocks
+
+    def skip_rows(self, out_samples: int, steps: int, wanted: Sequence[int]) -> np.ndarray:
+        """Per convolution and item, the first output step the item needs (``skip``).
+
+        An item that wants only its last ``wanted[b] <= out_samples`` samples needs, at each
+        convolution, only the last steps of :meth:`tail_plan` for ``wanted[b]`` (the same
+        reach argument as for the call); an item wanting 0 samples (a padded batch row) needs
+        none.
+
+        Columns are cached per (`out_samples`, `steps`, wanted samples): a server's calls
+        repeat a few dozen shapes, and planning each item anew cost ~1 ms of host time (and
+        of the GIL) per call of 16 items.
+
+        Returns:
+            int64 ``(num_convs, B)``: for :func:`causal_conv_cl`'s ``skip`` of each convolution.
+        """
+        columns = [self._skip_column(out_samples, steps, n) for n in wanted]
+        return np.stack(columns, axis=1)
+
+    def _skip_column(self, out_samples: int, steps: int, wanted: int) -> np.ndarray:
+        key = (out_samples, steps, wanted)
+        column = self._skip_cache.get(key)
+        if column is None:
+            call = np.asarray(self.tail_plan(out_samples, steps), dtype=np.int64)
+            need = self.tail_plan(wanted, steps) if wanted > 0 else np.zeros_like(call)
+            column = call - np.minimum(need, call)
+            if len(self._skip_cache) >= SKIP_CACHE_SIZE:
+                self._skip_cache.clear()
+            self._skip_cache[key] = column
+        return column
+
+    def decode_tail(
+        self, x: Tensor, valid: Tensor, out_samples: int, skip: Tensor | None = None
+    ) -> Tensor:
         """The last `out_samples` waveform samples of right-aligned latents, skipping the work
         they do not depend on (what :meth:`__call__` computes, trimmed at every layer).
 
@@ -432,6 +534,11 @@ class TritonHead:
                 as zeros, i.e. item b's signal starts there, as in a one-shot decode).
             valid: ``(B,)`` int64 latent steps of each item, ``<= T``.
             out_samples: samples wanted, at most ``T * hop``.
+            skip: int64 ``(num_convs, B)`` from :meth:`skip_rows` for this same
+                `out_samples` and ``T`` (on the device; only its shape can be checked), so that
+                each item is computed only as far back as its own wanted samples reach; the
+                samples before those are then garbage. Default: every item gets all
+                `out_samples`.
 
         Returns:
             ``(B, out_samples)`` in the weights' dtype: for items with ``valid[b] * hop >=
@@ -444,29 +551,44 @@ class TritonHead:
         """
         if not 0 <= out_samples <= x.shape[1] * self.hop:
             raise ValueError(f"out_samples must lie in [0, {x.shape[1] * self.hop}]")
-        lengths = self.tail_lengths(out_samples)
-        x = causal_conv_cl(
-            x, self.pre, silu_in=False, out_len=min(lengths[1], x.shape[1]), valid=valid
-        )
-        rate = 1
-        for i, stage in enumerate(self.stages):
-            step = stage.up.upsample
-            rows = min(-(-lengths[2 + 2 * i] // step), x.shape[1])
-            x = causal_conv_cl(x, stage.up, silu_in=True, out_len=rows, valid=valid, rate=rate)
-            rate *= step
-            x = x.view(x.shape[0], rows * step, -1)
-            out_len = min(lengths[3 + 2 * i], x.shape[1])
-            x = _parallel_block(x, stage.resblocks, out_len=out_len, valid=valid, rate=rate)
-        wav = causal_conv_cl(
-            x,
-            self.post,
-            silu_in=True,
-            tanh_out=True,
-            out_len=out_samples,
-            valid=valid,
-            rate=rate,
-        )
+        plan, blocks = self._plan(out_samples, x.shape[1])
+        if skip is not None and tuple(skip.shape) != (len(plan), x.shape[0]):
+            raise ValueError(
+                f"skip: expected ({len(plan)}, {x.shape[0]}) rows, got {tuple(skip.shape)}"
+            )
+        calls = _TailCalls(plan, blocks, skip, valid)
+        x = calls.conv(x, self.pre, silu_in=False)
+        for stage in self.stages:
+            rows = calls.peek()
+            x = calls.conv(x, stage.up, silu_in=True)
+            calls.rate *= stage.up.upsample
+            x = _parallel_block(x.view(x.shape[0], rows * stage.up.upsample, -1), stage, calls)
+        wav = calls.conv(x, self.post, silu_in=True, tanh_out=True)
         return wav.view(wav.shape[0], wav.shape[1])
+
+
+class _TailCalls:
+    """The convolutions of one trimmed decode, each with its planned length and skip rows."""
+
+    def __init__(
+        self, plan: list[int], blocks: list[int], skip: Tensor | None, valid: Tensor | None
+    ) -> None:
+        self.plan, self.skip, self.valid = plan, skip, valid
+        self.blocks = iter(blocks)  # each ParallelBlock's output steps, in order
+        self.index, self.rate = 0, 1
+
+    def peek(self) -> int:
+        """Output steps of the next convolution."""
+        return self.plan[self.index]
+
+    def conv(self, x: Tensor, conv: PackedConv, **kw: object) -> Tensor:
+        """`causal_conv_cl` with the next planned length, skip rows, `valid` and rate."""
+        i = self.index
+        self.index += 1
+        skip = None if self.skip is None else self.skip[i]
+        return causal_conv_cl(
+            x, conv, out_len=self.plan[i], valid=self.valid, rate=self.rate, skip=skip, **kw
+        )
 
 
 def _reach(conv: PackedConv) -> int:
@@ -494,49 +616,50 @@ def _pack_block(block: ParallelBlock) -> tuple[tuple[tuple[PackedConv, PackedCon
     )
 
 
-def _parallel_block(
-    x: Tensor,
-    resblocks: tuple[tuple[tuple[PackedConv, PackedConv], ...], ...],
-    out_len: int | None = None,
-    valid: Tensor | None = None,
-    rate: int = 1,
-) -> Tensor:
+def _block_plan(
+    resblocks: tuple[tuple[tuple[PackedConv, PackedConv], ...], ...], steps: int, out_len: int
+) -> list[int]:
+    """Output steps of a ParallelBlock's convolutions (call order) for its last `out_len` of
+    `steps` steps: each conv produces just what the rest of its ResBlock reads."""
+    plan: list[int] = []
+    for pairs in resblocks:
+        have, left = steps, _resblock_reach(pairs)  # reach still ahead
+        for i, (c1, c2) in enumerate(pairs):
+            left -= _reach(c1) + _reach(c2)
+            y_len = min(out_len + left + _reach(c2), have)
+            have = out_len if i == len(pairs) - 1 else min(out_len + left, y_len)
+            plan += [y_len, have]
+    return plan
+
+
+def _parallel_block(x: Tensor, stage: _Stage, calls: _TailCalls | None = None) -> Tensor:
     """Mean over ResBlocks of ``h = h + c2(silu(c1(silu(h))))`` per dilation, all from ``x``.
 
     The last conv of each ResBlock adds ``(h + c2(...)) / n`` into the running mean in its
-    epilogue, so the mean costs no extra pass over memory. With `out_len`, only the last
-    `out_len` steps are computed, each conv producing just what the rest of its ResBlock reads
-    (`valid`, `rate`: see :func:`causal_conv_cl`).
+    epilogue, so the mean costs no extra pass over memory. With `calls` (a trimmed decode),
+    each conv produces only its planned steps (`_block_plan`); without, every step.
     """
-    out_len = x.shape[1] if out_len is None else out_len
+    resblocks = stage.resblocks
+    out_len = x.shape[1] if calls is None else next(calls.blocks)
     total: Tensor | None = None
     scale = 1.0 / len(resblocks)
+
+    def conv(h: Tensor, c: PackedConv, **kw: object) -> Tensor:
+        if calls is None:
+            return causal_conv_cl(h, c, silu_in=True, **kw)
+        return calls.conv(h, c, silu_in=True, **kw)
+
     for pairs in resblocks:
         if not pairs:  # a ResBlock without dilations is the identity
             tail = x[:, x.shape[1] - out_len :]
             total = tail * scale if total is None else total + tail * scale
             continue
         h = x
-        left = _resblock_reach(pairs)  # reach still ahead
         for i, (c1, c2) in enumerate(pairs):
-            left -= _reach(c1) + _reach(c2)
-            y_len = min(out_len + left + _reach(c2), h.shape[1])
-            kw = {"valid": valid, "rate": rate}
-            y = causal_conv_cl(h, c1, silu_in=True, out_len=y_len, **kw)
-            h_len = min(out_len + left, y_len)
+            y = conv(h, c1)
             if i < len(pairs) - 1:
-                h = causal_conv_cl(y, c2, silu_in=True, residual=h, out_len=h_len, **kw)
+                h = conv(y, c2, residual=h)
             else:
-                total = causal_conv_cl(
-                    y,
-                    c2,
-                    silu_in=True,
-                    residual=h,
-                    scale=scale,
-                    accumulate=total,
-                    out=total,
-                    out_len=out_len,
-                    **kw,
-                )
+                total = conv(y, c2, residual=h, scale=scale, accumulate=total, out=total)
     assert total is not None
     return total
