@@ -21,6 +21,7 @@ from fishserve.engine.engine import EngineConfig, GenerationRequest, LLMEngine
 from fishserve.engine.long_text import generate_long, plan_long_text
 from fishserve.engine.reference import generate
 from fishserve.engine.sampling import MIN_TEMPERATURE, SamplingParams
+from fishserve.errors import GenerationError
 from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.firefly import FireflyGenerator, load_firefly
 from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
@@ -330,7 +331,7 @@ def generate_with_engine(
     The progress line shows the segment and a live count of the audio frames generated.
 
     Raises:
-        RuntimeError: the engine reported an error for the request.
+        GenerationError: the engine reported an error for the request.
     """
     seq = engine.prepare(request)
     engine.enqueue(seq)
@@ -342,7 +343,7 @@ def generate_with_engine(
                 if event.codes is not None:
                     frames.append(event.codes)
                 if event.finish_reason == "error":
-                    raise RuntimeError(event.error)
+                    raise GenerationError(event.error or "generation failed")
             done = seq.segment + int(not engine.has_work())
             progress.update(task, completed=done, frames=len(frames))
     if not frames:

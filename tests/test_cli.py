@@ -208,6 +208,18 @@ def test_synth_writes_flac_for_a_flac_output(tmp_path):
     assert sf.info(out).format == "FLAC" and sf.info(out).frames == 5 * FRAME_SAMPLES
 
 
+def test_synth_reports_a_failed_generation_in_one_line(tmp_path):
+    """A later segment whose prompt outgrows the tiny model's 256-position context fails the
+    request: one error line and exit code 1, no traceback."""
+    result = invoke(
+        "synth", "--checkpoint", str(TINY_T2S), *DECODER, "--text", "hello world this is longer",
+        "--chunk-length", "1", "--max-new-tokens", "20", "--output", str(tmp_path / "x.npy"),
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert "leaves no room in the 256-position context" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "x.npy").exists()
+
+
 @pytest.fixture
 def no_model_loading(monkeypatch):
     """Any model load fails the test: checks must come first."""

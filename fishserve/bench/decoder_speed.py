@@ -124,6 +124,7 @@ def bench_mode(
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         jobs = make_jobs(decoder, batch, chunks, whole_clips=whole_clips)
+        used = chunks[: min(batch, len(chunks))]  # a smaller batch takes only the first lengths
         if runner is None:
             call = partial(decode_batch, decoder, jobs)
         else:
@@ -136,14 +137,14 @@ def bench_mode(
                 name,
                 mode,
                 batch,
-                max(chunks),
+                max(used),
                 jobs[0].context_frames,
                 seconds * 1e3,
                 fps,
                 fps / decoder.config.frame_rate,
                 peak,
                 startup,
-                list(chunks),
+                list(used),
             )
         )
     return results
@@ -177,7 +178,7 @@ def run_decoder_bench(
             str(r.context),
             f"{r.ms_per_call:.2f}",
             f"{r.frames_per_s:,.0f}",
-            f"{r.realtime_streams:,.0f}",
+            f"{r.realtime_streams:,.1f}",
             f"{r.peak_gpu_bytes / 2**30:.2f}",
             f"{r.startup_s:.1f}",
         ]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 from fishserve.bench.memory import MemorySource
 from fishserve.bench.run import BenchOptions, Mode
@@ -121,6 +123,32 @@ def read_reference_audio(path: Path | None) -> bytes | None:
     return path.read_bytes()
 
 
+def check_url(url: str) -> None:
+    """Refuse a server URL that is not http(s)://host[:port][/path] before any request.
+
+    Raises:
+        ValueError: another scheme, no host, or a port that is not a number.
+    """
+    parsed = urlsplit(url)
+    try:
+        parsed.port  # noqa: B018 (raises ValueError for a bad port)
+    except ValueError:
+        raise ValueError(f"--url: bad port in {url!r}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"--url: expected http(s)://host[:port], got {url!r}")
+
+
+def check_output_dir(path: Path) -> None:
+    """Create the report folder now, so that a bad `--output-dir` fails before a long run.
+
+    Raises:
+        OSError: it cannot be created or is not writable.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    if not os.access(path, os.W_OK):
+        raise PermissionError(f"--output-dir: {path} is not writable")
+
+
 def bench_options(
     *,
     url: str,
@@ -166,6 +194,8 @@ def bench_options(
         raise ValueError(f"--ramp must be a finite number of seconds >= 0, got {ramp}")
     if ramp and mode != "concurrency":
         raise ValueError("--ramp applies to --mode concurrency only (Poisson arrivals are spread)")
+    check_url(url)
+    check_output_dir(rest["output_dir"])
     items, name = load_workload(workload, lengths, languages)
     if mode == "concurrency":
         levels = parse_numbers(concurrency, "--concurrency")

@@ -20,12 +20,15 @@ from rich.console import Console
 from rich.markup import escape
 
 from fishserve import __version__
-from fishserve.errors import USER_ERRORS
+from fishserve.errors import USER_ERRORS, GenerationError
 
-# Help printed to a pipe or file (not a terminal) would be cut at rich's default 80 columns,
-# truncating long flag names; without a terminal width to respect, use a wider page.
+# Help and tables printed to a pipe or file (not a terminal) would be cut at rich's default 80
+# columns, truncating long flag names and the benchmarks' numbers; without a terminal width to
+# respect, use a wider page.
 PIPED_HELP_WIDTH = 120
-if not sys.stdout.isatty() and not (os.environ.get("COLUMNS") or os.environ.get("TERMINAL_WIDTH")):
+PIPED_TABLE_WIDTH = 200
+_WIDTH_SET = bool(os.environ.get("COLUMNS") or os.environ.get("TERMINAL_WIDTH"))
+if not sys.stdout.isatty() and not _WIDTH_SET:
     import typer.rich_utils
 
     typer.rich_utils.MAX_WIDTH = PIPED_HELP_WIDTH
@@ -37,7 +40,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err_console = Console(stderr=True)
+err_console = Console(
+    stderr=True, width=None if sys.stderr.isatty() or _WIDTH_SET else PIPED_TABLE_WIDTH
+)
 F = TypeVar("F", bound=Callable[..., None])
 
 DeviceOpt = Annotated[str, typer.Option(help="Torch device: auto, cpu, cuda, cuda:N.")]
@@ -87,20 +92,27 @@ AUDIO_OUTPUT_HELP = (
 
 
 def user_errors(func: F) -> F:
-    """Run a command, turning expected errors into one clear line and exit code 2."""
+    """Run a command, turning expected errors into one clear line: exit code 2 for bad input
+    (`USER_ERRORS`), 1 for a generation the engine failed (`GenerationError`)."""
 
     @functools.wraps(func)
     def wrapper(*args: object, **kwargs: object) -> None:
         try:
             func(*args, **kwargs)
         except USER_ERRORS as exc:
-            message = escape(str(exc))
-            err_console.print(
-                f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True
-            )
+            _print_error(exc)
             raise typer.Exit(code=2) from None
+        except GenerationError as exc:
+            _print_error(exc)
+            raise typer.Exit(code=1) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _print_error(exc: Exception) -> None:
+    err_console.print(
+        f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True, soft_wrap=True
+    )
 
 
 def set_threads(threads: int | None) -> None:

@@ -319,7 +319,8 @@ def bench_decoder(
         str,
         typer.Option(
             help="New frames per job; a comma list (e.g. 10,40) gives the jobs of a call those "
-            "lengths in turn, as a loaded server's calls mix first and later chunks."
+            "lengths in turn (job i the i-th, cyclically: a batch of 1 takes only the first), as "
+            "a loaded server's calls mix first and later chunks."
         ),
     ] = "64",
     repeats: Annotated[int, typer.Option(min=1, help="Timed calls per point.")] = 10,

@@ -179,7 +179,10 @@ class AsyncEngine:
         stream = RequestStream(request.request_id, loop)
         with self._lock:
             if self._pending() >= self.max_waiting:
-                raise EngineBusyError(f"{self._pending()} requests are waiting; try again later")
+                waiting = self._pending()
+                raise EngineBusyError(
+                    f"{waiting} request{'s' if waiting != 1 else ''} waiting; try again later"
+                )
             if request.request_id in self._streams:
                 raise ValueError(f"duplicate request id {request.request_id!r}")
             self._streams[request.request_id] = stream

@@ -61,14 +61,16 @@ def test_bench_decoder_whole_clips_have_no_context(tmp_path: Path) -> None:
 
 
 def test_bench_decoder_mixes_chunk_lengths(tmp_path: Path) -> None:
-    """`--chunk 3,9`: the jobs of a call take the lengths in turn; frames/s counts them all."""
+    """`--chunk 3,9`: the jobs of a call take the lengths in turn (a lone job the first);
+    frames/s counts them all."""
     out = tmp_path / "mixed.json"
     decoder = FIXTURES / "tiny_decoder"
-    run(["bench-decoder", "--device", "cpu", "--dtypes", "fp32", "--batch-sizes", "3",
+    run(["bench-decoder", "--device", "cpu", "--dtypes", "fp32", "--batch-sizes", "1,3",
          "--chunk", "3,9", "--repeats", "1", "--modes", "eager",
          "--decoder-checkpoint", str(decoder / "generator.pth"),
          "--decoder-config", str(decoder / "config.json"), "--output", str(out)])  # fmt: skip
-    (result,) = json.loads(out.read_text())
+    alone, result = json.loads(out.read_text())
+    assert alone["chunks"] == [3] and alone["chunk"] == 3
     assert result["chunks"] == [3, 9] and result["chunk"] == 9
     seconds = result["ms_per_call"] / 1e3
     assert result["frames_per_s"] == pytest.approx((3 + 9 + 3) / seconds)
@@ -112,12 +114,24 @@ def test_bench_engine_profiles_steps_on_request(tmp_path: Path) -> None:
         (["bench-engine", "--kv-cache-dtypes", "int4"], "--kv-cache-dtypes"),
         (["bench", "--ramp", "inf"], "--ramp"),
         (["bench", "--mode", "poisson", "--ramp", "2"], "--ramp"),
+        (["bench", "--url", "notaurl"], "--url"),
+        (["bench", "--url", "http://127.0.0.1:port"], "--url: bad port"),
     ],
 )
 def test_bad_values_give_one_line_and_exit_2(args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
     assert "error:" in result.output and message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bench_refuses_an_unusable_output_dir_before_running(tmp_path: Path) -> None:
+    """A report folder under a file fails at once (exit 2), not after the whole load test."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = CliRunner().invoke(app, ["bench", "--output-dir", str(blocker / "out")])
+    assert result.exit_code == 2, result.output
+    assert "error:" in result.output and "Not a directory" in result.output
     assert "Traceback" not in result.output
 
 
