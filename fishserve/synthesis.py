@@ -7,6 +7,7 @@ and reused directly.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,8 +143,8 @@ def check_synth_options(opts: SynthesisOptions) -> None:
     """Everything about `opts` that can be checked before loading the models.
 
     Raises:
-        ValueError: empty text, bad numbers, an unsupported output extension, both
-            references given.
+        ValueError: empty text, bad or non-finite numbers, an unsupported output extension,
+            both references given, a reference transcript without a reference.
         FileNotFoundError, PermissionError: a missing input, or an output that cannot be
             written.
     """
@@ -154,8 +155,20 @@ def check_synth_options(opts: SynthesisOptions) -> None:
             f"--max-new-tokens must be >= 2 (the first frame is never audio) or 0 (until the "
             f"context is full), got {opts.max_new_tokens}"
         )
+    for option, value in (
+        ("--temperature", opts.temperature),
+        ("--top-p", opts.top_p),
+        ("--repetition-penalty", opts.repetition_penalty),
+    ):
+        if not math.isfinite(value):
+            raise ValueError(f"{option} must be a finite number, got {value}")
     if opts.temperature < 0:
         raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {opts.temperature}")
+    if opts.reference_text and opts.reference_audio is None and opts.reference_codes is None:
+        raise ValueError(
+            "--reference-text transcribes a voice reference: give --reference-audio or "
+            "--reference-codes with it"
+        )
     check_output_path(opts.output, "--output", AUDIO_OUTPUT_SUFFIXES)
     if opts.codes_output is not None:
         check_output_path(opts.codes_output, "--codes-output", CODES_SUFFIXES)
