@@ -372,7 +372,8 @@ class DecoderRunner:
         fs = self.config.frame_samples
         wanted = [job.new_frames * fs for job in jobs] + [0] * (bb - b)  # padded rows: none
         assert self.head is not None
-        skip = self.head.skip_rows(frames * fs, codes.shape[2] * self._latent_rate, wanted)
+        steps = codes.shape[2] * self.config.downsample_factor  # latent steps of the call
+        skip = self.head.skip_rows(frames * fs, steps, wanted)
         rows = self._run(codes, lengths, frames, b, skip)
         return [rows[i, (frames - job.new_frames) * fs :].copy() for i, job in enumerate(jobs)]
 
@@ -444,11 +445,6 @@ class DecoderRunner:
         with torch.inference_mode():
             return self._call(codes_t, lengths_t, frames, skip_t)
 
-    @property
-    def _latent_rate(self) -> int:
-        """Latent steps per code frame (the quantizer's upsampling)."""
-        return self.config.downsample_factor
-
     def _call(
         self, codes: Tensor, lengths: Tensor, frames: int, skip: Tensor | None = None
     ) -> Tensor:
@@ -464,7 +460,8 @@ class DecoderRunner:
         """A captured trimmed call's skip rows (none skipped until a call writes them)."""
         if self.trim_context is None or self.head is None:
             return None
-        plan = self.head.tail_plan(frames * self.config.frame_samples, width * self._latent_rate)
+        steps = width * self.config.downsample_factor
+        plan = self.head.tail_plan(frames * self.config.frame_samples, steps)
         return torch.zeros((len(plan), batch), dtype=torch.int64, device=self.device)
 
     def _capture_all(self) -> None:

@@ -111,51 +111,30 @@ if triton is not None:
         if HAS_VALID:
             lo = tl.maximum(in_len - tl.load(valid_ptr + batch).to(tl.int32) * rate, 0)
         acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-        shift = in_len - out_len  # output step t reads input steps up to t + shift
-        # The reduction runs over (tap, input channel) pairs r = j * C_IN + c, the rows of the
-        # (K * C_IN, C_OUT) packed weight, in slices of BLOCK_K, software-pipelined.
-        if C_IN % BLOCK_K == 0:  # every slice lies within one tap: one time offset per slice
-            steps: tl.constexpr = C_IN // BLOCK_K
-            for it in range(KSIZE * steps):
-                j = it // steps
-                kk = (it % steps) * BLOCK_K + offs_k
-                t_src = offs_t + shift - (KSIZE - 1 - j) * DIL
-                t_ok = (t_src >= lo) & (t_src < in_len)
-                xv = tl.load(
-                    x_base + t_src[:, None] * C_IN + kk[None, :], mask=t_ok[:, None], other=0.0
-                )
-                if SILU_IN:
-                    xf = xv.to(tl.float32)
-                    xv = (xf * tl.sigmoid(xf)).to(xv.dtype)
-                wv = tl.load(
-                    w_ptr + (j * C_IN + kk[:, None]) * C_OUT + offs_n[None, :],
-                    mask=n_ok[None, :],
-                    other=0.0,
-                )
-                if IEEE:
-                    acc += tl.dot(xv, wv, input_precision="ieee")
-                else:
-                    acc += tl.dot(xv, wv)
-        else:  # slices span taps (few channels, or C_IN not a multiple): an im2col gather
-            RED: tl.constexpr = KSIZE * C_IN
-            for r0 in range(0, RED, BLOCK_K):
-                r = r0 + offs_k
-                r_ok = r < RED
-                t_src = offs_t[:, None] + shift - (KSIZE - 1 - r[None, :] // C_IN) * DIL
-                x_ok = (t_src >= lo) & (t_src < in_len) & r_ok[None, :]
-                xv = tl.load(x_base + t_src * C_IN + (r % C_IN)[None, :], mask=x_ok, other=0.0)
-                if SILU_IN:
-                    xf = xv.to(tl.float32)
-                    xv = (xf * tl.sigmoid(xf)).to(xv.dtype)
-                wv = tl.load(
-                    w_ptr + r[:, None] * C_OUT + offs_n[None, :],
-                    mask=r_ok[:, None] & n_ok[None, :],
-                    other=0.0,
-                )
-                if IEEE:
-                    acc += tl.dot(xv, wv, input_precision="ieee")
-                else:
-                    acc += tl.dot(xv, wv)
+        steps: tl.constexpr = (C_IN + BLOCK_K - 1) // BLOCK_K  # channel slices per tap
+        for it in range(KSIZE * steps):  # one flat loop over (tap, slice): software-pipelined
+            j = it // steps
+            kk = (it % steps) * BLOCK_K + offs_k
+            t_src = offs_t + (in_len - out_len) - (KSIZE - 1 - j) * DIL
+            t_ok = (t_src >= lo) & (t_src < in_len)
+            k_ok = kk < C_IN
+            xv = tl.load(
+                x_base + t_src[:, None] * C_IN + kk[None, :],
+                mask=t_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )
+            if SILU_IN:
+                xf = xv.to(tl.float32)
+                xv = (xf * tl.sigmoid(xf)).to(xv.dtype)
+            wv = tl.load(
+                w_ptr + (j * C_IN + kk[:, None]) * C_OUT + offs_n[None, :],
+                mask=k_ok[:, None] & n_ok[None, :],
+                other=0.0,
+            )
+            if IEEE:
+                acc += tl.dot(xv, wv, input_precision="ieee")
+            else:
+                acc += tl.dot(xv, wv)
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         if TANH_OUT:
             acc = 2.0 * tl.sigmoid(2.0 * acc) - 1.0
