@@ -1,6 +1,7 @@
 """`fishserve bench-engine`: decode speed of the engine itself (no HTTP, no audio decoder).
 
-For each KV dtype and mode (CUDA graphs or eager), one engine is built on the full-size
+For each KV dtype and mode (CUDA graphs; CUDA graphs with asynchronous scheduling, "async";
+or eager), one engine is built on the full-size
 architecture with random weights; for each batch size B, B requests with prompts of
 `--context` positions are prefilled, then `--frames` decode steps are timed (each step emits
 one frame for every sequence; output length fixed with ignore_eos). Reported: ms per step,
@@ -29,7 +30,7 @@ from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.tokenizer import FishTokenizer
 
 FRAMES_PER_SECOND = 44100 / 2048  # audio frames per second of speech (spec §0)
-ENGINE_MODES = ("graphs", "eager")
+ENGINE_MODES = ("graphs", "async", "eager")
 
 
 @dataclass
@@ -128,6 +129,7 @@ def bench_config(
         enforce_eager=mode == "eager",
         decoder_workspace_bytes=0,
         top_k_prefilter=top_k_prefilter,
+        async_scheduling=mode == "async",
     )
     engine = LLMEngine(model, tokenizer, config)
     text = prompt_text(tokenizer, context)

@@ -221,7 +221,13 @@ def bench_engine(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     kv_cache_dtypes: Annotated[str, typer.Option(help="Comma list of KV dtypes.")] = "bf16",
-    modes: Annotated[str, typer.Option(help="Comma list: graphs, eager.")] = "graphs,eager",
+    modes: Annotated[
+        str,
+        typer.Option(
+            help="Comma list: graphs, async (CUDA graphs, the next step launched before the "
+            "last one's frames are read), eager."
+        ),
+    ] = "graphs,eager",
     batch_sizes: Annotated[str, typer.Option(help="Comma list of batch sizes.")] = "1,8,32",
     context: Annotated[int, typer.Option(min=1, help="Prompt positions per sequence.")] = 1000,
     frames: Annotated[int, typer.Option(min=1, help="Timed decode steps per point.")] = 64,

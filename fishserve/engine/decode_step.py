@@ -127,6 +127,21 @@ def _row_layout(items: list[tuple[Sequence, int]]) -> tuple[np.ndarray, list[Seq
     return np.asarray(first + rest, dtype=np.int64), samplers
 
 
+def _column(seq: Sequence) -> np.ndarray:
+    """The input column int64 (1 + nc,) of `seq`'s next position; zeros when it is the frame
+    in flight, which `carry_frames_` writes on the device."""
+    if seq.column_in_flight:
+        return np.zeros(seq.prompt_np.shape[0], dtype=np.int64)
+    return seq.column_np(seq.num_computed)
+
+
+def _columns(seq: Sequence, n: int) -> np.ndarray:
+    """Input columns int64 (1 + nc, n) of `seq`'s next n positions (see `_column`)."""
+    if n == 1:
+        return _column(seq)[:, None]
+    return seq.columns_np(seq.num_computed, seq.num_computed + n)
+
+
 def build_row_inputs(
     items: list[tuple[Sequence, int]], block_size: int, max_blocks: int
 ) -> tuple[DecodeInputs, list[Sequence]]:
@@ -136,17 +151,19 @@ def build_row_inputs(
     sequence's block table (the K/V of every row is written before any row attends), so new
     prompts join the decoding batch's static path. Rows are ordered samplers first: the S
     sequences that complete their pending positions sample from rows 0..S-1; the other rows
-    carry neutral sampling settings and their outputs are discarded.
+    carry neutral sampling settings and their outputs are discarded. A sequence whose next
+    column is its frame in flight (asynchronous scheduling) gets zeros in that column and
+    its window; `carry_frames_` fills them on the device.
 
     Returns:
         ``(inputs, samplers)``: DecodeInputs of R = sum(n) rows, and the S samplers in order.
     """
     order, samplers = _row_layout(items)
     if all(n == 1 for _, n in items):  # a pure decode step: one column per sequence
-        columns = np.stack([q.column_np(q.num_computed) for q, _ in items])
+        columns = np.stack([_column(q) for q, _ in items])
         positions = np.fromiter((q.num_computed for q, _ in items), np.int64, len(items))
     else:
-        parts = [q.columns_np(q.num_computed, q.num_computed + n) for q, n in items]
+        parts = [_columns(q, n) for q, n in items]
         columns = np.ascontiguousarray(np.concatenate(parts, 1).T)
         spans = [np.arange(q.num_computed, q.num_computed + n) for q, n in items]
         positions = np.concatenate(spans)
@@ -223,10 +240,14 @@ def build_sampling_inputs(
     ints = np.zeros((n + pad, 3), dtype=np.int64)  # seed, segment, frames
     if n:
         floats[:n] = [
-            (s.params.temperature, s.params.top_p, s.params.repetition_penalty if s.frames else 1.0)
+            (
+                s.params.temperature,
+                s.params.top_p,
+                s.params.repetition_penalty if s.num_frames else 1.0,
+            )
             for s in seqs
         ]
-        ints[:n] = [(s.seed, s.segment, len(s.frames)) for s in seqs]
+        ints[:n] = [(s.seed, s.segment, s.num_frames) for s in seqs]
     windows = [seq.window for seq in seqs]
     if pad:
         windows.extend([np.zeros(window_shape, dtype=np.int64)] * pad)
@@ -240,6 +261,57 @@ def build_sampling_inputs(
         frames=i[2],
         windows=torch.from_numpy(np.stack(windows)),
     )
+
+
+@dataclass
+class FrameCarry:
+    """The frames of a launched step, read on the device by the step after it
+    (asynchronous scheduling: that step is launched before the host has the values).
+
+    Attributes:
+        frames: int64 (S, 1 + nc) frames of the launched step's samplers, on the device.
+        rows: ``id(sequence)`` -> the sequence's row in `frames`.
+    """
+
+    frames: Tensor
+    rows: dict[int, int]
+
+
+def carry_plan(samplers: list[Sequence], carry: FrameCarry | None) -> np.ndarray | None:
+    """Where the frames in flight go: int64 (3, K) rows of (destination row, row of
+    `carry.frames`, penalty-window column or -1) for the K samplers whose next column is in
+    flight, or None when there are none.
+
+    Raises:
+        RuntimeError: a sampler's column is in flight but `carry` does not hold its frame.
+    """
+    plan = [
+        (row, seq, seq.inflight_window_slot)
+        for row, seq in enumerate(samplers)
+        if seq.column_in_flight
+    ]
+    if not plan:
+        return None
+    if carry is None or any(id(seq) not in carry.rows for _, seq, _ in plan):
+        raise RuntimeError("a frame in flight is missing from the previous step's frames")
+    return np.array([(row, carry.rows[id(seq)], slot) for row, seq, slot in plan]).T.copy()
+
+
+def carry_frames_(inputs: DecodeInputs, frames: Tensor, plan: Tensor) -> None:
+    """Write frames in flight into a step's device inputs (no host sync).
+
+    Args:
+        inputs: the step's device inputs; their `columns` rows and `windows` columns named by
+            `plan` are overwritten.
+        frames: int64 (S, 1 + nc) the previous step's frames (`FrameCarry.frames`).
+        plan: int64 (3, K) on the device, from `carry_plan`.
+    """
+    dst, src, slot = plan[0], plan[1], plan[2]
+    rows = frames[src]
+    inputs.columns[dst] = rows
+    column = slot.clamp(min=0)  # a first (prefill) frame enters no window: keep the column
+    kept = inputs.windows[dst, :, column]
+    inputs.windows[dst, :, column] = torch.where(slot[:, None] >= 0, rows, kept)
 
 
 @dataclass

@@ -28,10 +28,10 @@ from fishserve.engine.memory import (
 )
 from fishserve.engine.profiling import profile_activation_bytes
 from fishserve.engine.reference import PromptTooLongError, frame_budget
-from fishserve.engine.runner import ModelRunner
+from fishserve.engine.runner import ModelRunner, PendingStep, RowsLaunch
 from fishserve.engine.sampling import SamplingParams
-from fishserve.engine.scheduler import Scheduler, SchedulerConfig
-from fishserve.engine.sequence import Sequence
+from fishserve.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from fishserve.engine.sequence import Sequence, Status
 from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.prompt import Reference
 from fishserve.models.tokenizer import FishTokenizer
@@ -65,6 +65,9 @@ class EngineConfig:
         static_prefill_tokens: prompt positions per step that run as extra rows of the static
             decode step (CUDA graphs), each row attending its own prefix; a step whose
             positions exceed max_num_seqs + this runs its prefill chunks eagerly instead.
+        async_scheduling: schedule and launch step N+1 before step N's frames reach the host
+            (`LLMEngine.step`), so the host's per-step work overlaps the device's. The same
+            frames as without it; `step` returns each step's events one call later.
     """
 
     kv_cache_dtype: str = "auto"
@@ -79,6 +82,7 @@ class EngineConfig:
     static_decode: bool = False
     top_k_prefilter: int = 1024
     static_prefill_tokens: int = 256
+    async_scheduling: bool = False
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,11 @@ class LLMEngine:
         # `GpuTurns.turn("engine")` when the engine takes turns on the GPU with the audio
         # decoder (server setting gpu_sharing); None: no lock, no extra synchronisation.
         self.gpu_turn: Callable[[], AbstractContextManager[object]] | None = None
+        # Asynchronous scheduling: the launched step whose frames the host has not read, and
+        # for each of its samplers (segment, index of the frame in the segment).
+        self._pending: tuple[PendingStep, list[tuple[int, int]]] | None = None
+        # ... and the step launched after it, whose second half is not queued yet.
+        self._launched: tuple[RowsLaunch, list[tuple[int, int]]] | None = None
 
     # -- setup ---------------------------------------------------------------------------------
     def _plan_memory(self, kv_bytes_per_token: int) -> MemoryPlan:
@@ -321,8 +330,8 @@ class LLMEngine:
         return EngineEvent(request_id, finished=True, finish_reason="cancelled")
 
     def has_work(self) -> bool:
-        """Whether any request is waiting or running."""
-        return bool(self.sequences)
+        """Whether any request is waiting or running, or a step's frames are in flight."""
+        return bool(self.sequences) or self._pending is not None or self._launched is not None
 
     def stats(self) -> EngineStats:
         """Current counters."""
@@ -340,8 +349,21 @@ class LLMEngine:
 
     # -- the step ------------------------------------------------------------------------------
     def step(self) -> list[EngineEvent]:
-        """Schedule and run one batch; return the frames and completions it produced."""
-        batch = self.scheduler.schedule()
+        """Schedule and run one batch; return the frames and completions it produced.
+
+        With `EngineConfig.async_scheduling` (and no GPU turns), each call finishes the step
+        launched by the previous call, launches this batch's first half before that step's
+        frames are read, then reads them: the host's bookkeeping of step N runs while the
+        device computes step N+1, and the events returned are step N's.
+        """
+        if self.config.async_scheduling and self.gpu_turn is None:
+            return self._step_async()
+        if self._launched is not None or self._pending is not None:
+            return self._drain()  # asynchronous scheduling was switched off
+        return self._run(self.scheduler.schedule())
+
+    def _run(self, batch: ScheduledBatch) -> list[EngineEvent]:
+        """Run `batch` to its frames (synchronously) and return its events."""
         if not batch:
             return []
         self.steps += 1
@@ -366,6 +388,95 @@ class LLMEngine:
             )
         events: list[EngineEvent] = []
         for seq, frame in results:
+            events.extend(self._on_frame(seq, frame))
+        return events
+
+    def _step_async(self) -> list[EngineEvent]:
+        """Finish the launched step, launch the next one, then read the finished step's
+        frames while the next one runs (see `step`)."""
+        events = self._finish() if self._launched is not None else []
+        batch = self.scheduler.schedule()
+        if batch and not self.runner.can_overlap(batch):  # a step too large for the rows
+            events += self._collect()
+            batch.items = [(s, n) for s, n in batch.items if self._still_scheduled(s, n)]
+            return events + self._run(batch)
+        if batch:
+            events += self._launch(batch)
+        return events + self._collect()
+
+    def _drain(self) -> list[EngineEvent]:
+        """Finish and read the steps in flight (asynchronous scheduling switched off)."""
+        events = self._finish() if self._launched is not None else []
+        return events + self._collect()
+
+    def _frame_slots(self, samplers: list[Sequence]) -> list[tuple[int, int]]:
+        """(segment, index of the frame in it) that each sampler's frame of a step just
+        launched will have (the frame in flight before it counted)."""
+        return [(seq.segment, seq.num_frames) for seq in samplers]
+
+    def _current(self, seq: Sequence, slot: tuple[int, int]) -> bool:
+        """Whether a frame launched for `slot` is still wanted: `seq` is in the engine, in the
+        same segment, and has every frame before it."""
+        alive = self.sequences.get(seq.request_id) is seq
+        return alive and seq.segment == slot[0] and len(seq.frames) == slot[1]
+
+    def _still_scheduled(self, seq: Sequence, n: int) -> bool:
+        """Whether `seq` still wants its n scheduled positions once the frames in flight are
+        read (it may have ended its segment, or been cancelled)."""
+        alive = self.sequences.get(seq.request_id) is seq and seq.status is Status.RUNNING
+        return alive and seq.num_pending >= n
+
+    def _launch(self, batch: ScheduledBatch) -> list[EngineEvent]:
+        """Queue `batch`'s first half, its columns in flight taken from the pending step."""
+        self.steps += 1
+        carry = None if self._pending is None else self._pending[0].carry
+        try:
+            launched = self.runner.launch(batch, carry)
+        except Exception as exc:  # a failed step fails its requests, not the engine
+            log.exception("step failed for %d sequences", len(batch.items))
+            return [self._fail(seq, f"generation failed: {exc}") for seq, _ in batch.items]
+        self._launched = (launched, self._frame_slots(launched.samplers))
+        return []
+
+    def _finish(self) -> list[EngineEvent]:
+        """Queue the launched step's second half; its frames become the pending step (after
+        the previous pending step's are read: `_collect` comes first)."""
+        assert self._launched is not None and self._pending is None
+        launched, expected = self._launched
+        self._launched = None
+        try:
+            pending = self.runner.finish(launched)
+        except Exception as exc:
+            log.exception("step failed for %d sequences", len(launched.samplers))
+            alive = [s for s in launched.samplers if self.sequences.get(s.request_id) is s]
+            return [self._fail(seq, f"generation failed: {exc}") for seq in alive]
+        for seq, slot in zip(launched.samplers, expected, strict=True):
+            if self._current(seq, slot):  # not ended or restarted by the frames just read
+                seq.inflight += 1
+        self._pending = (pending, expected)
+        return []
+
+    def _collect(self) -> list[EngineEvent]:
+        """Read the pending step's frames and turn them into events.
+
+        A frame is dropped when its sequence ended, was cancelled or started another segment
+        while it was in flight (the step after a stop computes one discarded row).
+        """
+        if self._pending is None:
+            return []
+        pending, expected = self._pending
+        self._pending = None
+        try:
+            results = self.runner.collect(pending)
+        except Exception as exc:
+            log.exception("reading a step's frames failed")
+            alive = [s for s in pending.samplers if self.sequences.get(s.request_id) is s]
+            return [self._fail(seq, f"generation failed: {exc}") for seq in alive]
+        events: list[EngineEvent] = []
+        for (seq, frame), slot in zip(results, expected, strict=True):
+            if not self._current(seq, slot) or seq.inflight <= 0:
+                continue
+            seq.inflight -= 1
             events.extend(self._on_frame(seq, frame))
         return events
 

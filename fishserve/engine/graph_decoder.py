@@ -29,6 +29,7 @@ from fishserve.engine.decode_step import (
     DecodeInputs,
     SamplingInputs,
     TokenStep,
+    carry_frames_,
     decode_step_codes,
     decode_step_token,
     resample_inexact_,
@@ -179,10 +180,16 @@ class CudaGraphDecoder:
         self._filled[bucket] = b
         return captured
 
-    def launch(self, host: DecodeInputs, live: int | None = None) -> DecodeLaunch:
+    def launch(
+        self,
+        host: DecodeInputs,
+        live: int | None = None,
+        carry: tuple[Tensor, Tensor] | None = None,
+    ) -> DecodeLaunch:
         """Queue the token graph for `host`'s R rows (no host sync); finish with `finish`.
 
-        `live`: the first rows whose frames are wanted (default all R).
+        `live`: the first rows whose frames are wanted (default all R). `carry`: (frames,
+        plan) of `carry_frames_`, applied to the uploaded inputs before the replay.
         """
         b = host.columns.shape[0]
         bucket = next(size for size in self.buckets if size >= b)
@@ -190,6 +197,8 @@ class CudaGraphDecoder:
         captured.staged.stage(host)  # NumPy writes, then one upload per dtype
         captured.staged.upload()
         self._filled[bucket] = b  # the upload left rows b.. neutral on the device
+        if carry is not None:
+            carry_frames_(captured.inputs, *carry)
         captured.token_graph.replay()
         return DecodeLaunch(captured.step, captured.inputs, b if live is None else live, captured)
 

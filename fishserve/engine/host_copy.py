@@ -38,6 +38,7 @@ class PinnedDownload:
             torch.empty(max(1, nbytes), dtype=torch.uint8, pin_memory=True) if cuda else None
         )
         self._event = torch.cuda.Event() if cuda else None
+        self._host = np.zeros(0)
 
     def download(self, tensor: Tensor) -> np.ndarray:
         """`tensor` (contiguous, a NumPy-compatible dtype) as a NumPy array of its own.
@@ -55,11 +56,32 @@ class PinnedDownload:
         nbytes = tensor.numel() * tensor.element_size()
         if nbytes > self._bytes.numel():
             self._bytes = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        self.start(tensor)
+        return self.wait_view()
+
+    def start(self, tensor: Tensor) -> None:
+        """Queue the copy of `tensor` on the current stream without waiting; `wait` returns
+        it. On the CPU the copy is made at once."""
+        if self._bytes is None or self._event is None:
+            self._host = tensor.detach().numpy()
+            return
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes > self._bytes.numel():
+            self._bytes = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         host = self._bytes[:nbytes].view(tensor.dtype).view(tensor.shape)
         host.copy_(tensor, non_blocking=True)
         self._event.record()
-        self._event.synchronize()
-        return host.numpy()
+        self._host = host.numpy()
+
+    def wait(self) -> np.ndarray:
+        """The array of the last `start`, a copy of its own, once the copy has run."""
+        return self.wait_view().copy()
+
+    def wait_view(self) -> np.ndarray:
+        """Like `wait`, but a view of the pinned buffer, valid until the next `start`."""
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host
 
 
 _THREAD = threading.local()

@@ -18,8 +18,11 @@ from torch import Tensor
 
 from fishserve.engine.busy_timer import BusyTimer
 from fishserve.engine.decode_step import (
+    FrameCarry,
     build_row_inputs,
     build_sampling_inputs,
+    carry_frames_,
+    carry_plan,
     decode_step_codes,
     decode_step_token,
     resample_inexact_,
@@ -58,6 +61,21 @@ class RowsLaunch:
 
     samplers: list[Sequence]
     launched: DecodeLaunch
+
+
+@dataclass
+class PendingStep:
+    """A step whose frames are on their way to the host (asynchronous scheduling).
+
+    Attributes:
+        samplers: the S sequences that sampled a frame, in row order.
+        carry: their frames on the device, for the next step's input columns.
+        download: the queued copy of the frames to the host.
+    """
+
+    samplers: list[Sequence]
+    carry: FrameCarry
+    download: PinnedDownload
 
 
 @dataclass
@@ -205,6 +223,10 @@ class ModelRunner:
         # Frames reach the host through pinned memory: a pageable copy blocked the decoder
         # thread's CUDA calls while it waited for the step (`fishserve.engine.host_copy`).
         self._frames_down = PinnedDownload(self.device)
+        # Asynchronous steps: two buffers, as one step's copy is queued before the previous
+        # one is read.
+        self._async_down = (PinnedDownload(self.device), PinnedDownload(self.device))
+        self._async_turn = 0
 
     @property
     def num_captures(self) -> int:
@@ -218,11 +240,46 @@ class ModelRunner:
         Advances `num_computed` of every scheduled sequence and adds the step's device time to
         `busy_seconds` (`BusyTimer`: CUDA events, no extra synchronisation).
         """
-        on_stream = (
-            contextlib.nullcontext() if self.stream is None else torch.cuda.stream(self.stream)
-        )
-        with on_stream, self.busy.measure():
+        with self._on_stream(), self.busy.measure():
             return self._execute(batch)
+
+    def can_overlap(self, batch: ScheduledBatch) -> bool:
+        """Whether `batch` can be launched before the previous step's frames reach the
+        host (`launch`): it runs as rows of one static step."""
+        return self.static_decode and batch.num_tokens <= self.max_rows
+
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch, carry: FrameCarry | None) -> RowsLaunch:
+        """Queue the first half of `batch` (see `can_overlap`); no host sync.
+
+        Sequences whose next column is their frame in flight take it from `carry` (the
+        previous step's device frames). Advances `num_computed` like `execute`.
+
+        Raises:
+            RuntimeError: a frame in flight is not in `carry`.
+        """
+        with self._on_stream(), self.busy.measure():
+            return self._launch_rows(batch.items, carry)
+
+    @torch.inference_mode()
+    def finish(self, rows: RowsLaunch) -> PendingStep:
+        """Run the second half of a `launch` (one host sync, for the prefilter's misses) and
+        queue its frames' copy to the host; `collect` waits for it."""
+        with self._on_stream(), self.busy.measure():
+            samplers, frames = self._finish_rows(rows)
+            download = self._async_down[self._async_turn]
+            self._async_turn ^= 1
+            download.start(frames)
+        index = {id(seq): row for row, seq in enumerate(samplers)}
+        return PendingStep(samplers, FrameCarry(frames, index), download)
+
+    def collect(self, pending: PendingStep) -> list[tuple[Sequence, np.ndarray]]:
+        """(sequence, frame: int64 NumPy (1 + nc,)) of a `finish`ed step, once copied."""
+        frames = pending.download.wait()
+        return list(zip(pending.samplers, frames, strict=True))
+
+    def _on_stream(self) -> contextlib.AbstractContextManager[object]:
+        return contextlib.nullcontext() if self.stream is None else torch.cuda.stream(self.stream)
 
     def synchronize(self) -> None:
         """Wait for the queued device work of the steps (no-op on CPU)."""
@@ -316,14 +373,22 @@ class ModelRunner:
         host = build_sampling_inputs(seqs)
         return seqs, graphs.run_head(prefill.hidden, host)
 
-    def _launch_rows(self, items: list[tuple[Sequence, int]]) -> RowsLaunch:
+    def _launch_rows(
+        self, items: list[tuple[Sequence, int]], carry: FrameCarry | None = None
+    ) -> RowsLaunch:
         """Queue the first half of a static step with one row per scheduled position."""
         host, samplers = build_row_inputs(items, self.cache.layout.block_size, self.max_blocks)
         rows, live = host.columns.shape[0], len(samplers)
+        plan = carry_plan(samplers, carry)
+        carried = None
+        if plan is not None and carry is not None:
+            carried = (carry.frames, to_device(torch.from_numpy(plan), self.device))
         if self.graphs is not None and rows <= self.graphs.max_batch:
-            launched = self.graphs.launch(host, live)
+            launched = self.graphs.launch(host, live, carried)
         else:
             inputs = host.to(self.device)
+            if carried is not None:
+                carry_frames_(inputs, *carried)
             k = self.top_k_prefilter
             step = decode_step_token(self.model, self.cache, inputs, self.use_triton, k)
             launched = DecodeLaunch(step, inputs, live)

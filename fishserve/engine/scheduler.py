@@ -77,8 +77,11 @@ class Scheduler:
         self.waiting.append(seq)
 
     def requeue(self, seq: Sequence) -> None:
-        """Put a sequence that is between segments back at the head of the waiting queue."""
+        """Put a sequence that is between segments back at the head of the waiting queue
+        (once: a preempted sequence is already in it)."""
         self.release(seq)
+        if seq.status is Status.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
 
@@ -104,6 +107,8 @@ class Scheduler:
             if seq.status is not Status.RUNNING or budget == 0:
                 continue
             n = min(seq.num_pending, budget)
+            if n == 0:  # its frame in flight ends the segment (asynchronous scheduling)
+                continue
             if not self._make_room(seq, seq.num_computed + n, batch):
                 continue
             batch.items.append((seq, n))

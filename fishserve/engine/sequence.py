@@ -49,6 +49,9 @@ class Sequence:
         block_table: KV blocks owned, in position order.
         window: int64 NumPy (1 + nc, 16) ring of the last 16 decode-loop frames (zeros at
             first).
+        inflight: frames sampled by a launched step that the host has not read yet (0 or 1;
+            only with the engine's asynchronous scheduling). They count as positions, so the
+            next step can be scheduled before the frame's values are known.
 
     Per-step state is kept in NumPy: a NumPy operation on a small array keeps the GIL, while
     a PyTorch call releases and re-acquires it, which under a busy event loop costs up to a
@@ -70,6 +73,7 @@ class Sequence:
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
     window: np.ndarray = field(default_factory=lambda: np.zeros((0, REPETITION_WINDOW), np.int64))
+    inflight: int = 0
     prompt_np: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
     status: Status = Status.WAITING
     num_preemptions: int = 0
@@ -82,17 +86,39 @@ class Sequence:
         self.budget = budget
         self.frames = []
         self.num_computed = 0
+        self.inflight = 0
         self.window = np.zeros((prompt.shape[0], REPETITION_WINDOW), dtype=np.int64)
 
     @property
     def num_positions(self) -> int:
-        """Prompt positions plus generated frames of the current segment."""
-        return self.prompt_np.shape[1] + len(self.frames)
+        """Prompt positions plus generated frames of the current segment (in flight too)."""
+        return self.prompt_np.shape[1] + len(self.frames) + self.inflight
+
+    @property
+    def num_frames(self) -> int:
+        """Frames sampled in the current segment, the one in flight included."""
+        return len(self.frames) + self.inflight
 
     @property
     def num_pending(self) -> int:
-        """Positions not yet in the KV cache (1 for a decode step)."""
+        """Positions not yet in the KV cache (1 for a decode step); 0 once the frame in
+        flight is the segment's last by its budget (nothing more may be computed)."""
+        if self.inflight and self.num_frames >= self.budget:
+            return 0
         return self.num_positions - self.num_computed
+
+    @property
+    def column_in_flight(self) -> bool:
+        """Whether the next position's input column is the frame in flight (its values are
+        on the device only: an asynchronous step copies them there)."""
+        return self.inflight > 0 and self.num_computed >= self.num_positions - self.inflight
+
+    @property
+    def inflight_window_slot(self) -> int:
+        """The penalty-window column the frame in flight will take (`add_frame`'s ring), or
+        -1 when it is the segment's first (prefill) frame, which takes none."""
+        decode_index = len(self.frames) - 1
+        return decode_index % REPETITION_WINDOW if decode_index >= 0 else -1
 
     def columns(self, start: int, end: int) -> Tensor:
         """Input columns int64 (1 + nc, end - start) of positions [start, end)."""

@@ -148,6 +148,7 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
     model["engine_process"] = runtime.restartable
     model["decoder_kernels"] = info.decoder_kernels
     model["gpu_sharing"] = info.gpu_sharing
+    model["async_scheduling"] = config.async_scheduling
     model["decoder_sms"] = info.decoder_sms
     report = {
         "status": status,

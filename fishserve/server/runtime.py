@@ -398,6 +398,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
             memory_budget=budget,
             num_kv_blocks=config.num_kv_blocks,
             enforce_eager=config.enforce_eager,
+            async_scheduling=config.async_scheduling,
             decoder_workspace_bytes=decoder_workspace_bytes(
                 decoder,
                 policy,

@@ -7,6 +7,7 @@ import json
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -349,3 +350,24 @@ def test_successes_are_counted_by_their_finish_reason(reason):
     assert values[f'fishserve:request_success_total{{finished_reason="{reason}"}}'] == 1
     other = "stop" if reason == "length" else "length"
     assert f'fishserve:request_success_total{{finished_reason="{other}"}}' not in values
+
+
+def test_asynchronous_scheduling_serves_the_same_audio(tmp_path):
+    """async_scheduling on (the engine launches a step before reading the last one's frames):
+    concurrent requests get the audio they get with it off."""
+    bodies = [
+        {"text": f"Async {i}.", "ignore_eos": True, "max_new_tokens": 6 + i, "format": "pcm"}
+        for i in range(4)
+    ]
+    audio: dict[str, list[np.ndarray]] = {}
+    for setting in ("off", "on"):
+        config = tiny_server_config(tmp_path / setting, async_scheduling=setting == "on")
+        with LiveServer(config) as live:
+            health = httpx.get(live.url + "/health").json()
+            assert health["model"]["async_scheduling"] is (setting == "on")
+            with ThreadPoolExecutor(4) as pool:
+                replies = list(pool.map(lambda b: tts(live, {**b, "seed": 5}), bodies))
+            assert all(r.status_code == 200 for r in replies)
+            audio[setting] = [pcm(r.content).astype(int) for r in replies]
+    for on, off in zip(audio["on"], audio["off"], strict=True):
+        assert len(on) == len(off) and np.abs(on - off).max() <= 1
