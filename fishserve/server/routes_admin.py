@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import PurePath
 from typing import Annotated, Any
 
@@ -19,6 +20,11 @@ from fishserve.server.voices import InvalidVoiceIdError, validate_voice_id
 
 router = APIRouter()
 ADD_USAGE = "use multipart/form-data with fields id, audio, text"
+# The model id `GET /v1/models` lists; `POST /v1/audio/speech` accepts any `model` value (SDKs
+# send e.g. "tts-1"), as there is one model per server.
+MODEL_ID = "fish-speech-1.5"
+# When this module was loaded (the server's start), in Unix seconds: OpenAI's `created`.
+STARTED = int(time.time())
 
 
 def _state(request: Request) -> ServerState:
@@ -182,6 +188,28 @@ async def health(request: Request) -> JSONResponse:
     """Status, queue sizes, KV cache occupancy, GPU memory, model config."""
     report, status = health_report(_state(request))
     return JSONResponse(report, status_code=status)
+
+
+def _model_card() -> dict[str, Any]:
+    return {"id": MODEL_ID, "object": "model", "created": STARTED, "owned_by": "fishserve"}
+
+
+@router.get("/v1/models")
+async def list_models() -> JSONResponse:
+    """OpenAI's model list: the one model this server speaks with."""
+    return JSONResponse({"object": "list", "data": [_model_card()]})
+
+
+@router.get("/v1/models/{model_id}")
+async def retrieve_model(model_id: str) -> JSONResponse:
+    """OpenAI's model retrieval.
+
+    Raises:
+        ApiError: 404 for any other id than `MODEL_ID`.
+    """
+    if model_id != MODEL_ID:
+        raise ApiError(404, f"model {model_id!r} not found; this server has {MODEL_ID!r}", "model")
+    return JSONResponse(_model_card())
 
 
 @router.get("/metrics")

@@ -371,3 +371,13 @@ def test_asynchronous_scheduling_serves_the_same_audio(tmp_path):
             audio[setting] = [pcm(r.content).astype(int) for r in replies]
     for on, off in zip(audio["on"], audio["off"], strict=True):
         assert len(on) == len(off) and np.abs(on - off).max() <= 1
+
+
+def test_openai_model_list_and_retrieval(server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    models = client.models.list().data
+    assert [m.id for m in models] == ["fish-speech-1.5"]
+    assert client.models.retrieve("fish-speech-1.5").owned_by == "fishserve"
+    with pytest.raises(openai.NotFoundError, match="tts-1"):
+        client.models.retrieve("tts-1")
