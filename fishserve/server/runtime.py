@@ -291,6 +291,7 @@ def check_settings(config: ServerConfig) -> None:
             Triton decoder kernels where they cannot run, dummy_logits with real weights, bad
             step-profiler variables (`StepProfiler.from_env`).
         FileNotFoundError: a checkpoint folder, decoder weights or decoder config is missing.
+        ValueError: also `references_dir` exists but is not a folder.
     """
     device = resolve_device(config.device)
     resolve_kernels(config.decoder_kernels, device, capability=False)  # no CUDA context here
@@ -312,6 +313,8 @@ def check_settings(config: ServerConfig) -> None:
         path = getattr(config, name)
         if path is not None and not path.is_file():
             raise FileNotFoundError(f"{name} file not found: {path}")
+    if config.references_dir.exists() and not config.references_dir.is_dir():
+        raise ValueError(f"references_dir is not a folder: {config.references_dir}")
     folder = config.checkpoint
     needs_file = config.decoder_checkpoint is None and not config.random_weights
     if needs_file and folder is not None and not (folder / DECODER_FILENAME).is_file():

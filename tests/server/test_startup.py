@@ -84,6 +84,10 @@ TRITON_ON_CPU = pytest.param(
             "decoder_sms needs a CUDA device, but the device is cpu",
         ),
         ([*TINY, "--decoder-sms", "0"], "decoder_sms = 0 (from --decoder-sms)"),
+        (
+            [*TINY, "--references-dir", str(TINY_T2S / "config.json")],
+            "references_dir is not a folder",
+        ),
     ],
 )
 def test_bad_settings_give_one_line_and_exit_2(serve, args, message, monkeypatch):
