@@ -378,6 +378,14 @@ class LLMEngine:
         except Exception as exc:  # a failed step fails its requests, not the engine
             log.exception("step failed for %d sequences", len(batch.items))
             return [self._fail(seq, f"generation failed: {exc}") for seq, _ in batch.items]
+        self._log_if_slow(start, batch)
+        events: list[EngineEvent] = []
+        for seq, frame in results:
+            events.extend(self._on_frame(seq, frame))
+        return events
+
+    def _log_if_slow(self, start: float, batch: ScheduledBatch) -> None:
+        """Log a step that took more than `SLOW_STEP_S` since `start` (perf_counter)."""
         if (seconds := time.perf_counter() - start) > SLOW_STEP_S:
             log.log(
                 logging.WARNING if self.device.type == "cuda" else logging.DEBUG,
@@ -386,14 +394,11 @@ class LLMEngine:
                 len(batch.items),
                 batch.num_tokens,
             )
-        events: list[EngineEvent] = []
-        for seq, frame in results:
-            events.extend(self._on_frame(seq, frame))
-        return events
 
     def _step_async(self) -> list[EngineEvent]:
         """Finish the launched step, launch the next one, then read the finished step's
         frames while the next one runs (see `step`)."""
+        start = time.perf_counter()
         events = self._finish() if self._launched is not None else []
         batch = self.scheduler.schedule()
         if batch and not self.runner.can_overlap(batch):  # a step too large for the rows
@@ -402,7 +407,9 @@ class LLMEngine:
             return events + self._run(batch)
         if batch:
             events += self._launch(batch)
-        return events + self._collect()
+        events += self._collect()
+        self._log_if_slow(start, batch)
+        return events
 
     def _drain(self) -> list[EngineEvent]:
         """Finish and read the steps in flight (asynchronous scheduling switched off)."""
