@@ -288,7 +288,8 @@ def check_settings(config: ServerConfig) -> None:
 
     Raises:
         ValueError: CUDA asked for but absent, a bad budget, a fraction of GPU memory on CPU,
-            Triton decoder kernels where they cannot run, dummy_logits with real weights, bad
+            Triton decoder kernels where they cannot run, async_scheduling with gpu_sharing
+            turns, dummy_logits with real weights, bad
             step-profiler variables (`StepProfiler.from_env`).
         FileNotFoundError: a checkpoint folder, decoder weights or decoder config is missing.
         ValueError: also `references_dir` exists but is not a folder.
@@ -298,6 +299,11 @@ def check_settings(config: ServerConfig) -> None:
     StepProfiler.from_env()  # bad profiler variables fail here, before anything loads
     if config.decoder_sms is not None and device.type != "cuda":
         raise ValueError(f"decoder_sms needs a CUDA device, but the device is {device}")
+    if config.async_scheduling and config.gpu_sharing == "turns":
+        raise ValueError(
+            "async_scheduling needs gpu_sharing overlap: with turns each step waits for its "
+            "frames before the decoder's turn"
+        )
     if config.dummy_logits != "flat" and not config.random_weights:
         raise ValueError("dummy_logits applies to random weights only (--load-format dummy)")
     if config.gpu_memory_budget is not None:
@@ -402,6 +408,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
             num_kv_blocks=config.num_kv_blocks,
             enforce_eager=config.enforce_eager,
             async_scheduling=config.async_scheduling,
+            static_decode=config.async_scheduling,  # its overlapped steps are static ones
             decoder_workspace_bytes=decoder_workspace_bytes(
                 decoder,
                 policy,

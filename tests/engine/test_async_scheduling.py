@@ -17,13 +17,13 @@ from fishserve.engine.sampling import SamplingParams
 from tests.conftest import load_tiny_model, make_engine, run_engine
 
 
-def _requests(n: int = 12) -> list[GenerationRequest]:
+def _requests(n: int = 8) -> list[GenerationRequest]:
     """Mixed requests: most stop on their own, odd ones are long texts in segments."""
     return [
         GenerationRequest(
             text="word " * (3 + i),
             params=SamplingParams(temperature=1.0, top_p=0.95, repetition_penalty=1.2, seed=i),
-            max_new_tokens=60 if i % 3 else 7,
+            max_new_tokens=30 if i % 3 else 7,
             chunk_length=[0, 12][i % 2],
             request_id=f"r{i}",
         )

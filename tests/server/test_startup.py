@@ -85,6 +85,10 @@ TRITON_ON_CPU = pytest.param(
         ),
         ([*TINY, "--decoder-sms", "0"], "decoder_sms = 0 (from --decoder-sms)"),
         (
+            [*TINY, "--async-scheduling", "--gpu-sharing", "turns"],
+            "async_scheduling needs gpu_sharing overlap",
+        ),
+        (
             [*TINY, "--references-dir", str(TINY_T2S / "config.json")],
             "references_dir is not a folder",
         ),
@@ -165,6 +169,16 @@ def test_enforce_eager_and_static_prefill_reach_the_engine(tmp_path):
         assert runtime.engine.engine.config.enforce_eager is True
         assert runtime.engine.engine.config.static_prefill_tokens == 7
         assert runtime.engine.engine.runner.max_rows == config.max_num_seqs + 7
+    finally:
+        runtime.shutdown()
+
+
+def test_async_scheduling_reaches_the_engine_with_its_overlapped_path(tmp_path):
+    runtime = runtime_module.build_runtime(tiny_server_config(tmp_path, async_scheduling=True))
+    try:
+        engine = runtime.engine.engine
+        assert engine.config.async_scheduling is True
+        assert engine.runner.static_decode  # on the CPU too: steps overlap, not fall back
     finally:
         runtime.shutdown()
 
