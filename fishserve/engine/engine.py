@@ -28,7 +28,13 @@ from fishserve.engine.memory import (
 )
 from fishserve.engine.profiling import profile_activation_bytes
 from fishserve.engine.reference import PromptTooLongError, frame_budget
-from fishserve.engine.runner import ModelRunner, PendingStep, RowsLaunch
+from fishserve.engine.runner import (
+    ASYNC_STEP_STREAM_PRIORITY,
+    STEP_STREAM_PRIORITY,
+    ModelRunner,
+    PendingStep,
+    RowsLaunch,
+)
 from fishserve.engine.sampling import SamplingParams
 from fishserve.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from fishserve.engine.sequence import Sequence, Status
@@ -186,6 +192,7 @@ class LLMEngine:
             config.static_decode,
             config.top_k_prefilter,
             config.static_prefill_tokens,
+            ASYNC_STEP_STREAM_PRIORITY if config.async_scheduling else STEP_STREAM_PRIORITY,
         )
         self.sequences: dict[str, Sequence] = {}
         self.frames_generated = 0

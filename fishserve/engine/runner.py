@@ -40,6 +40,10 @@ from fishserve.models.dual_ar import DualARTransformer
 # CUDA stream priority of the engine's steps (lower is higher; PyTorch maps values outside the
 # device's range to its nearest end). The decoder runs at the default, 0.
 STEP_STREAM_PRIORITY = -1
+# ... with asynchronous scheduling: the decoder's. Steps queued back to back at the higher
+# priority starved the decoder (docs/benchmarks.md §6.12: 455 of 745 streams stalled at 384
+# against 10 of 979 at equal priority).
+ASYNC_STEP_STREAM_PRIORITY = 0
 
 
 @dataclass
@@ -184,6 +188,7 @@ class ModelRunner:
         static_decode: use the static decode path on CPU too (tests); always on for CUDA.
         top_k_prefilter: candidates for the slow token's top-p (`sample_prefiltered`); 0: a
             full sort. Rows it cannot decide are resampled exactly.
+        stream_priority: CUDA stream priority of the steps (`STEP_STREAM_PRIORITY`).
     """
 
     def __init__(
@@ -195,6 +200,7 @@ class ModelRunner:
         static_decode: bool = False,
         top_k_prefilter: int = 0,
         static_prefill_tokens: int = 0,
+        stream_priority: int = STEP_STREAM_PRIORITY,
     ) -> None:
         self.model = model
         self.cache = cache
@@ -215,9 +221,7 @@ class ModelRunner:
         # Steps run on a high-priority stream: the decoder's long convolution kernels (on its
         # own default-priority stream) would otherwise hold the SMs while each of a step's
         # ~1,000 short kernels waits its turn. A graph replays at its stream's priority.
-        self.stream = (
-            torch.cuda.Stream(self.device, priority=STEP_STREAM_PRIORITY) if on_gpu else None
-        )
+        self.stream = torch.cuda.Stream(self.device, priority=stream_priority) if on_gpu else None
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))  # start-up work
         # Frames reach the host through pinned memory: a pageable copy blocked the decoder

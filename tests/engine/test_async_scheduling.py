@@ -148,3 +148,12 @@ def test_async_cuda_graph_steps_give_the_frames_of_sync_steps(tiny_tokenizer):
     engine = make_engine(model, tiny_tokenizer, async_scheduling=True, **base)
     assert engine.runner.num_captures > 0
     _same(sync, run_engine(engine, _requests()))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_async_steps_run_at_the_decoders_stream_priority(tiny_tokenizer):
+    model = load_tiny_model().cuda()
+    base = {"max_num_seqs": 2, "num_kv_blocks": 16, "enforce_eager": True}
+    overlapped = make_engine(model, tiny_tokenizer, async_scheduling=True, **base)
+    assert overlapped.runner.stream.priority == 0  # the decoder's (the default stream's)
+    assert make_engine(model, tiny_tokenizer, **base).runner.stream.priority < 0
