@@ -127,10 +127,16 @@ def exponential_noise_at(seeds: Tensor, counters: Tensor, ids: Tensor) -> Tensor
 def _noise(seeds: Tensor, counters: Tensor, ids: Tensor) -> Tensor:
     row = _mix32(_mix32(seeds & _MASK32) ^ (counters & _MASK32))
     index = _mix32(_mul32(ids, _GOLDEN32))
-    bits = _mix32(row[:, None] ^ index)
-    # 23 random bits: (n + 0.5) / 2**23 is exact in float32 and lies strictly inside (0, 1), so
-    # the noise is never 0 (with 24 bits the top value rounds to 1.0: -log(1) = 0 would make an
-    # id outside the nucleus win the race as 0/0 = NaN, or an unlikely one as p/0 = inf).
+    return noise_from_bits(_mix32(row[:, None] ^ index))
+
+
+def noise_from_bits(bits: Tensor) -> Tensor:
+    """Exponential(1) values float32 from uniform 32-bit hashes (int64 in [0, 2**32)).
+
+    23 random bits: (n + 0.5) / 2**23 is exact in float32 and lies strictly inside (0, 1), so
+    the noise is never 0 (with 24 bits the top value rounds to 1.0: -log(1) = 0 would make an
+    id outside the nucleus win the race as 0/0 = NaN, or an unlikely one as p/0 = inf).
+    """
     uniform = ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
     return -torch.log(uniform)
 

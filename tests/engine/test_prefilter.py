@@ -18,6 +18,7 @@ from fishserve.engine.sampling import (
     SamplingParams,
     exponential_noise,
     exponential_noise_at,
+    noise_from_bits,
     sample,
     sample_prefiltered,
 )
@@ -137,16 +138,24 @@ def test_engine_codes_do_not_depend_on_the_prefilter(tiny_model, tiny_tokenizer,
         assert torch.equal(results[256][rid][0], results[0][rid][0])
 
 
-def test_noise_is_never_zero_so_no_id_outside_the_nucleus_wins() -> None:
+def test_noise_is_never_zero_even_at_the_extreme_hashes() -> None:
     """With 24-bit uniforms 2**-24 of the draws gave noise -0.0 (0.6% of slow-token draws):
-    an id outside the nucleus then won the race. 2,000 rows x 102,048 ids covers ~12 such."""
-    seeds = torch.arange(2000)
-    counters = torch.full((2000,), 5)
+    an id outside the nucleus then won the race. The extreme hashes show it directly."""
+    extremes = torch.tensor([0, 1, (1 << 9) - 1, 1 << 31, (1 << 32) - 512, (1 << 32) - 1])
+    noise = noise_from_bits(extremes)
+    assert bool((noise > 0).all()) and bool(noise.isfinite().all())
+    old = -torch.log(((extremes >> 8).float() + 0.5) * (1.0 / (1 << 24)))  # the 24-bit map
+    assert not bool((old > 0).all())  # so this test fails on the old mapping
+
+
+def test_no_id_outside_the_nucleus_wins() -> None:
+    seeds = torch.arange(200)
+    counters = torch.full((200,), 5)
     noise = exponential_noise(seeds, counters, 102_048)
     assert bool((noise > 0).all()) and bool(noise.isfinite().all())
-    logits = torch.full((2000, 102_048), -30.0)
+    logits = torch.full((200, 102_048), -30.0)
     logits[:, 7] = 30.0  # all the mass on id 7
-    ones = torch.ones(2000)
+    ones = torch.ones(200)
     tokens = sample(logits, ones * 0.7, ones * 0.7, ones, None, noise)
     assert bool((tokens == 7).all())
 
