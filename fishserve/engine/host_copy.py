@@ -51,11 +51,6 @@ class PinnedDownload:
     def download_view(self, tensor: Tensor) -> np.ndarray:
         """Like `download`, but on CUDA the array is a view of the pinned buffer, valid
         until the next download (no host copy)."""
-        if self._bytes is None or self._event is None:
-            return tensor.detach().numpy()
-        nbytes = tensor.numel() * tensor.element_size()
-        if nbytes > self._bytes.numel():
-            self._bytes = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         self.start(tensor)
         return self.wait_view()
 

@@ -226,11 +226,9 @@ class ModelRunner:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))  # start-up work
         # Frames reach the host through pinned memory: a pageable copy blocked the decoder
         # thread's CUDA calls while it waited for the step (`fishserve.engine.host_copy`).
+        # Asynchronous steps use it too: a step's frames are read before the next step's
+        # copy is queued (`LLMEngine` collects, then finishes).
         self._frames_down = PinnedDownload(self.device)
-        # Asynchronous steps: two buffers, as one step's copy is queued before the previous
-        # one is read.
-        self._async_down = (PinnedDownload(self.device), PinnedDownload(self.device))
-        self._async_turn = 0
 
     @property
     def num_captures(self) -> int:
@@ -271,11 +269,9 @@ class ModelRunner:
         queue its frames' copy to the host; `collect` waits for it."""
         with self._on_stream(), self.busy.measure():
             samplers, frames = self._finish_rows(rows)
-            download = self._async_down[self._async_turn]
-            self._async_turn ^= 1
-            download.start(frames)
+            self._frames_down.start(frames)
         index = {id(seq): row for row, seq in enumerate(samplers)}
-        return PendingStep(samplers, FrameCarry(frames, index), download)
+        return PendingStep(samplers, FrameCarry(frames, index), self._frames_down)
 
     def collect(self, pending: PendingStep) -> list[tuple[Sequence, np.ndarray]]:
         """(sequence, frame: int64 NumPy (1 + nc,)) of a `finish`ed step, once copied."""
