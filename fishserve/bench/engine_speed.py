@@ -1,6 +1,7 @@
 """`fishserve bench-engine`: decode speed of the engine itself (no HTTP, no audio decoder).
 
 For each KV dtype and mode (CUDA graphs; CUDA graphs with asynchronous scheduling, "async";
+CUDA graphs with the fast transformer run op by op instead of compiled, "graphs-opbyop";
 or eager), one engine is built on the full-size
 architecture with random weights; for each batch size B, B requests with prompts of
 `--context` positions are prefilled, then `--frames` decode steps are timed (each step emits
@@ -30,7 +31,7 @@ from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.tokenizer import FishTokenizer
 
 FRAMES_PER_SECOND = 44100 / 2048  # audio frames per second of speech (spec §0)
-ENGINE_MODES = ("graphs", "async", "eager")
+ENGINE_MODES = ("graphs", "async", "eager", "graphs-opbyop")
 
 
 @dataclass
@@ -130,6 +131,7 @@ def bench_config(
         decoder_workspace_bytes=0,
         top_k_prefilter=top_k_prefilter,
         async_scheduling=mode == "async",
+        compile_fast_transformer=mode != "graphs-opbyop",
     )
     engine = LLMEngine(model, tokenizer, config)
     text = prompt_text(tokenizer, context)

@@ -225,7 +225,8 @@ def bench_engine(
         str,
         typer.Option(
             help="Comma list: graphs, async (CUDA graphs, the next step launched before the "
-            "last one's frames are read), eager."
+            "last one's frames are read), eager, graphs-opbyop (CUDA graphs, the fast "
+            "transformer not compiled)."
         ),
     ] = "graphs,eager",
     batch_sizes: Annotated[str, typer.Option(help="Comma list of batch sizes.")] = "1,8,32",

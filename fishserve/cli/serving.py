@@ -114,6 +114,14 @@ def serve(
             "(a faster engine; measured slower end to end beside the streaming decoder).",
         ),
     ] = None,
+    compile_fast_transformer: Annotated[
+        bool | None,
+        _setting(
+            "compile_fast_transformer",
+            "GPU: compile each engine step's fast-transformer half (codebooks and their "
+            "sampling) with torch.compile at start-up: fewer kernels per step.",
+        ),
+    ] = None,
     engine_process: Annotated[
         str | None,
         _setting(

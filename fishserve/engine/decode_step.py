@@ -25,6 +25,7 @@ from fishserve.engine.frame import (
     inexact_rows,
     resample_rows_,
     sample_codebooks,
+    sample_codebooks_compiled,
     sample_token,
 )
 from fishserve.engine.host_copy import copy_to_device_, to_device
@@ -376,6 +377,12 @@ def resample_inexact_(
     return int(rows.numel())
 
 
-def decode_step_codes(model: DualARTransformer, step: TokenStep, inputs: DecodeInputs) -> Tensor:
-    """Second half: fast transformer; frames int64 (B, 1 + nc) (no host sync)."""
-    return sample_codebooks(model, step.hidden, step.token, sampling_of(inputs), inputs.windows)
+def decode_step_codes(
+    model: DualARTransformer, step: TokenStep, inputs: DecodeInputs, compiled: bool = False
+) -> Tensor:
+    """Second half: fast transformer; frames int64 (B, 1 + nc) (no host sync).
+
+    `compiled`: run it as one torch.compile graph on a GPU (`sample_codebooks_compiled`).
+    """
+    fn = sample_codebooks_compiled if compiled else sample_codebooks
+    return fn(model, step.hidden, step.token, sampling_of(inputs), inputs.windows)

@@ -74,6 +74,10 @@ class EngineConfig:
         async_scheduling: schedule and launch step N+1 before step N's frames reach the host
             (`LLMEngine.step`), so the host's per-step work overlaps the device's. The same
             frames as without it; `step` returns each step's events one call later.
+        compile_fast_transformer: on CUDA, compile each step's second half (the fast
+            transformer over the codebooks and their sampling) with torch.compile before the
+            CUDA graphs are captured: fewer, fused kernels per step, one compilation at
+            start-up for every batch size. Off (or `enforce_eager`): op-by-op kernels.
     """
 
     kv_cache_dtype: str = "auto"
@@ -89,6 +93,7 @@ class EngineConfig:
     top_k_prefilter: int = 1024
     static_prefill_tokens: int = 256
     async_scheduling: bool = False
+    compile_fast_transformer: bool = True
 
 
 @dataclass(frozen=True)
@@ -193,6 +198,7 @@ class LLMEngine:
             config.top_k_prefilter,
             config.static_prefill_tokens,
             ASYNC_STEP_STREAM_PRIORITY if config.async_scheduling else STEP_STREAM_PRIORITY,
+            config.compile_fast_transformer,
         )
         self.sequences: dict[str, Sequence] = {}
         self.frames_generated = 0

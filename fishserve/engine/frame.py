@@ -16,12 +16,14 @@ from torch import Tensor
 from fishserve.engine.host_copy import download, to_device
 from fishserve.engine.sampling import (
     exponential_noise,
+    exponential_noise_at,
     noise_counter,
     sample,
     sample_prefiltered,
 )
-from fishserve.models.attention import DenseKVCache
+from fishserve.models.attention import DenseKVCache, SlotKVCache
 from fishserve.models.dual_ar import DualARTransformer
+from fishserve.models.fusion import fusion_enabled, gpu_fused
 
 
 @dataclass
@@ -150,6 +152,93 @@ def sample_frame(
         resample_rows_(token, rows, logits[rows], params, window)
     frames = sample_codebooks(model, hidden, token, params, windows)
     return frames, 0 if rows is None else int(rows.numel())
+
+
+def sample_codebooks_compiled(
+    model: DualARTransformer,
+    hidden: Tensor,
+    token: Tensor,
+    params: BatchSampling,
+    windows: Tensor | None,
+) -> Tensor:
+    """`sample_codebooks` on a GPU with each codebook position as one compiled graph.
+
+    Op by op, the fast transformer's 8 positions of 4 layers and their sampling are ~700
+    small kernels per step (docs/benchmarks.md §6.10). Here a position (4 layers and the
+    head, `_fast_slot`) and a codebook draw (`_sample_slot`) are each one torch.compile
+    graph in which inductor fuses the norms, RoPE, cache writes, attention and sampling
+    arithmetic between the matrix products. The slot is a device tensor (`SlotKVCache`),
+    so the same two graphs serve every position and batch size (dynamic shapes; a batch of
+    one runs as two copies of its row, since torch.compile specialises on a size of 1).
+    Compiled once per process (inductor caches the code on disk for later starts).
+
+    On the CPU, or with FISHSERVE_FUSION=0, this is `sample_codebooks`. Otherwise the
+    frames are those of `sample_codebooks` up to the rounding order inside fused reductions.
+
+    Args and returns: as `sample_codebooks`.
+    """
+    if not (hidden.is_cuda and fusion_enabled()):
+        return sample_codebooks(model, hidden, token, params, windows)
+    b = hidden.shape[0]
+    if b == 1:
+        rows = torch.zeros(2, dtype=torch.int64, device=hidden.device)
+        pair = None if windows is None else windows[rows]
+        return sample_codebooks_by_slot(
+            model, hidden[rows], token[rows], params.select(rows), pair
+        )[:1]
+    return sample_codebooks_by_slot(model, hidden, token, params, windows)
+
+
+def sample_codebooks_by_slot(
+    model: DualARTransformer,
+    hidden: Tensor,
+    token: Tensor,
+    params: BatchSampling,
+    windows: Tensor | None,
+) -> Tensor:
+    """`sample_codebooks` as 8 calls of the same two slot functions (`_fast_slot`,
+    `_sample_slot`; compiled on a GPU, plain on the CPU). Args and returns: as
+    `sample_codebooks`."""
+    b = hidden.shape[0]
+    c = model.config
+    code = torch.where(model.is_semantic(token), token - model.semantic_begin_id, 0)
+    codes = [code]
+    shape = (c.n_fast_layer, b, c.fast_n_local_heads, c.num_codebooks, c.fast_head_dim)
+    k = torch.zeros(shape, dtype=hidden.dtype, device=hidden.device)
+    v = torch.zeros_like(k)
+    x = model.fast_input_from_hidden(hidden[:, None])
+    for i in range(c.num_codebooks):
+        slot = torch.full((1,), i, dtype=torch.int64, device=hidden.device)
+        if i:
+            x = model.fast_embeddings(code)[:, None]
+        logits, k, v = _fast_slot(model, x, slot, k, v)
+        if i:
+            code = _sample_slot(logits, params, windows, slot)
+            codes.append(code)
+    return torch.stack([token, *codes], dim=1)
+
+
+@gpu_fused
+def _fast_slot(
+    model: DualARTransformer, x: Tensor, slot: Tensor, k: Tensor, v: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One fast-transformer position: x (B, 1, D) at `slot` int64 (1,), caches k, v
+    (layers, B, KV, nc, Dh) -> (logits (B, C), new k, new v)."""
+    cache = SlotKVCache(k.unbind(0), v.unbind(0), slot)
+    logits = model.forward_fast(x, slot, cache)[:, -1]
+    return logits, torch.stack(cache.k), torch.stack(cache.v)
+
+
+@gpu_fused
+def _sample_slot(
+    logits: Tensor, params: BatchSampling, windows: Tensor | None, slot: Tensor
+) -> Tensor:
+    """The code of codebook `slot` (int64 (1,), 1..nc-1) from its logits (B, C): int64 (B,)."""
+    counters = noise_counter(params.segments, params.frames, slot)
+    ids = torch.arange(logits.shape[-1], device=logits.device)[None, :]
+    noise = exponential_noise_at(params.seeds, counters, ids)
+    window = None if windows is None else windows.index_select(1, slot + 1)[:, 0]
+    return sample(logits, params.temperature, params.top_p, params.penalty, window, noise)
 
 
 def sample_codebooks(

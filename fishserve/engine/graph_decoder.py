@@ -112,9 +112,11 @@ class CudaGraphDecoder:
         max_blocks: int,
         use_triton: bool,
         top_k_prefilter: int = 0,
+        compile_codes: bool = False,
     ) -> None:
         self.model, self.cache, self.use_triton = model, cache, use_triton
         self.top_k_prefilter = top_k_prefilter
+        self.compile_codes = compile_codes
         self.device = model.embeddings.weight.device
         self.buckets = graph_buckets(max_batch)
         rows = model.config.num_codebooks + 1
@@ -149,7 +151,7 @@ class CudaGraphDecoder:
             for _ in range(2):  # warm-up: Triton compilation, cuBLAS workspaces
                 step = self._token(inputs)
                 _head(model, step, inputs, k)
-                decode_step_codes(model, step, inputs)
+                decode_step_codes(model, step, inputs, self.compile_codes)
         torch.cuda.current_stream().wait_stream(stream)
         graphs = [torch.cuda.CUDAGraph() for _ in range(3)]
         with torch.inference_mode():
@@ -158,7 +160,7 @@ class CudaGraphDecoder:
             with torch.cuda.graph(graphs[1], pool=self.pool):
                 _head(model, step, inputs, k)
             with torch.cuda.graph(graphs[2], pool=self.pool):
-                frames = decode_step_codes(model, step, inputs)
+                frames = decode_step_codes(model, step, inputs, self.compile_codes)
         return _Captured(*graphs, staged, step, frames)
 
     @property

@@ -189,6 +189,9 @@ class ModelRunner:
         top_k_prefilter: candidates for the slow token's top-p (`sample_prefiltered`); 0: a
             full sort. Rows it cannot decide are resampled exactly.
         stream_priority: CUDA stream priority of the steps (`STEP_STREAM_PRIORITY`).
+        compile_fast_transformer: run each step's second half (fast transformer and codebook
+            sampling) as one torch.compile graph on CUDA (`sample_codebooks_compiled`);
+            ignored with `enforce_eager`.
     """
 
     def __init__(
@@ -201,8 +204,10 @@ class ModelRunner:
         top_k_prefilter: int = 0,
         static_prefill_tokens: int = 0,
         stream_priority: int = STEP_STREAM_PRIORITY,
+        compile_fast_transformer: bool = False,
     ) -> None:
         self.model = model
+        self.compile_codes = compile_fast_transformer and not enforce_eager
         self.cache = cache
         self.device = model.embeddings.weight.device
         on_gpu = self.device.type == "cuda"
@@ -216,7 +221,13 @@ class ModelRunner:
         self.graphs: CudaGraphDecoder | None = None
         if on_gpu and not enforce_eager:
             self.graphs = CudaGraphDecoder(
-                model, cache, self.max_rows, self.max_blocks, self.use_triton, top_k_prefilter
+                model,
+                cache,
+                self.max_rows,
+                self.max_blocks,
+                self.use_triton,
+                top_k_prefilter,
+                self.compile_codes,
             )
         # Steps run on a high-priority stream: the decoder's long convolution kernels (on its
         # own default-priority stream) would otherwise hold the SMs while each of a step's
@@ -403,5 +414,5 @@ class ModelRunner:
             return rows.samplers, self.graphs.finish(launched)
         redone = resample_inexact_(self.model, launched.step, launched.inputs, launched.live)
         self._eager_full_sort_rows += redone
-        frames = decode_step_codes(self.model, launched.step, launched.inputs)
+        frames = decode_step_codes(self.model, launched.step, launched.inputs, self.compile_codes)
         return rows.samplers, frames[: launched.live]

@@ -56,7 +56,7 @@ SMALL_CACHE = 32
 
 
 @gpu_fused
-def attend_one_position(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def attend_one_position(q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None = None) -> Tensor:
     """Attention of one query position over a few keys, in float32, without repeating K/V.
 
     For the fast transformer's cache (at most `num_codebooks` keys), where a fused kernel for
@@ -66,6 +66,7 @@ def attend_one_position(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
     Args:
         q: (B, H, 1, Dh). k, v: (B, KV, T, Dh), H a multiple of KV.
+        valid: optional bool (T,): the keys attended (others get no weight); at least one.
 
     Returns:
         (B, H, 1, Dh) in q's dtype.
@@ -74,6 +75,8 @@ def attend_one_position(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     kv = k.shape[1]
     qg = q.reshape(b, kv, h // kv, 1, dh).float()  # heads kv * G .. kv * G + G - 1 share kv
     scores = (qg * k[:, :, None].float()).sum(-1) * dh**-0.5  # (B, KV, G, T)
+    if valid is not None:
+        scores = scores.masked_fill(~valid, float("-inf"))
     weights = scores.softmax(-1)
     out = (weights[..., None] * v[:, :, None].float()).sum(-2)  # (B, KV, G, Dh)
     return out.reshape(b, h, 1, dh).to(q.dtype)
@@ -164,4 +167,33 @@ class DenseCacheStep:
             rows = torch.arange(self.start, end, device=q.device)[:, None]
             mask = rows >= torch.arange(end, device=q.device)[None, :]
             out = sdpa_gqa(q, keys, values, mask[None, None], causal=False)
+        return out.transpose(1, 2)
+
+
+class SlotKVCache:
+    """A dense K/V cache written at a slot given as a device tensor, without in-place writes.
+
+    For compiling one fast-transformer position as a graph that serves every codebook slot
+    (`fishserve.engine.frame.sample_codebooks_compiled`): the slot is data, not a Python
+    int, so the same graph writes slot 0 and slot 7; writes make new tensors (a select
+    against a one-hot slot mask), so the graph has no input mutations. Attention reads all
+    `capacity` positions with those after the slot masked out (`attend_one_position`): the
+    same math as `DenseKVCache` up to the summation order of the softmax.
+
+    Args:
+        k, v: per-layer tensors (B, KV, capacity, Dh); positions after the slot are ignored.
+        slot: int64 (1,) the position written by this pass (one query position per pass).
+    """
+
+    def __init__(self, k: list[Tensor], v: list[Tensor], slot: Tensor) -> None:
+        self.k, self.v = list(k), list(v)
+        positions = torch.arange(k[0].shape[2], device=slot.device)
+        self.valid = positions <= slot
+        self.here = (positions == slot)[:, None]  # (capacity, 1): broadcasts over Dh
+
+    def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Write k/v (B, 1, KV, Dh) at the slot, attend q (B, 1, H, Dh) -> (B, 1, H, Dh)."""
+        self.k[layer] = torch.where(self.here, k.transpose(1, 2), self.k[layer])
+        self.v[layer] = torch.where(self.here, v.transpose(1, 2), self.v[layer])
+        out = attend_one_position(q.transpose(1, 2), self.k[layer], self.v[layer], self.valid)
         return out.transpose(1, 2)

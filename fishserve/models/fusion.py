@@ -31,15 +31,21 @@ def fusion_enabled() -> bool:
 
 
 def gpu_fused(fn: F) -> F:
-    """Decorator: `torch.compile(fn, dynamic=True, fullgraph=True)` for CUDA inputs."""
+    """Decorator: `torch.compile(fn, dynamic=True, fullgraph=True)` for CUDA inputs.
+
+    The device is the first tensor argument's. Called while another function is being
+    compiled, `fn` is traced inline (one graph, no nested compilation).
+    """
     compiled: Callable | None = None
     failed = False
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         nonlocal compiled, failed
-        first = args[0] if args else None
-        if failed or not (isinstance(first, torch.Tensor) and first.is_cuda and fusion_enabled()):
+        if torch.compiler.is_compiling():
+            return fn(*args, **kwargs)
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        if failed or not (first is not None and first.is_cuda and fusion_enabled()):
             return fn(*args, **kwargs)
         if compiled is None:
             torch._dynamo.config.recompile_limit = max(

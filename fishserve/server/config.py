@@ -75,6 +75,9 @@ class ServerConfig(BaseModel):
     # engine alone gets 1.2-1.4x faster, but beside the streaming decoder it took GPU time the
     # decoder needed (docs/benchmarks.md §6.12).
     async_scheduling: bool = False
+    # torch.compile each engine step's fast-transformer half on CUDA before its graphs are
+    # captured (EngineConfig.compile_fast_transformer): fewer kernels per step.
+    compile_fast_transformer: bool = True
     engine_process: Literal["auto", "on", "off"] = "auto"
     default_max_new_tokens: int | None = Field(None, ge=2, le=8192)
     # audio

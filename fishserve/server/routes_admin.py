@@ -155,6 +155,7 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
     model["decoder_kernels"] = info.decoder_kernels
     model["gpu_sharing"] = info.gpu_sharing
     model["async_scheduling"] = config.async_scheduling
+    model["compile_fast_transformer"] = config.compile_fast_transformer
     model["decoder_sms"] = info.decoder_sms
     report = {
         "status": status,

@@ -408,6 +408,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
             num_kv_blocks=config.num_kv_blocks,
             enforce_eager=config.enforce_eager,
             async_scheduling=config.async_scheduling,
+            compile_fast_transformer=config.compile_fast_transformer,
             static_decode=config.async_scheduling,  # its overlapped steps are static ones
             decoder_workspace_bytes=decoder_workspace_bytes(
                 decoder,

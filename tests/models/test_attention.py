@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fishserve.models.attention import DenseKVCache, attend_one_position, sdpa_gqa
+from fishserve.models.attention import DenseKVCache, SlotKVCache, attend_one_position, sdpa_gqa
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "keys"), [(16, 2, 1), (16, 2, 8), (4, 4, 5)])
@@ -24,6 +24,26 @@ def test_one_position_attention_keeps_the_query_dtype_and_reads_the_right_kv_hea
     out = attend_one_position(q, k, v)  # uniform weights: each head gets its KV head's value
     assert out.dtype == torch.bfloat16
     assert out[0, :, 0, 0].tolist() == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_slot_cache_equals_the_dense_cache_position_by_position() -> None:
+    """Writing slot i of a `SlotKVCache` (the slot a tensor, no in-place writes) and attending
+    over its masked capacity gives the dense cache's output for positions 0..7, and the
+    tensors it was given are left unchanged."""
+    gen = torch.Generator().manual_seed(1)
+    dense = DenseKVCache(2, 3, 2, 8, 16, torch.float32, "cpu")
+    k, v = [torch.zeros(3, 2, 8, 16)] * 2, [torch.zeros(3, 2, 8, 16)] * 2
+    for slot in range(8):
+        slot_cache = SlotKVCache(k, v, torch.tensor([slot]))
+        for layer in range(2):
+            q = torch.randn(3, 1, 4, 16, generator=gen)
+            kk, vv = (torch.randn(3, 1, 2, 16, generator=gen) for _ in range(2))
+            want = dense.at(slot).forward(layer, q, kk, vv)
+            got = slot_cache.forward(layer, q, kk, vv)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        assert all(t.abs().sum() == 0 for t in k + v) if slot == 0 else True
+        k, v = slot_cache.k, slot_cache.v
+    torch.testing.assert_close(torch.stack(k), dense.k)
 
 
 @pytest.mark.gpu

@@ -183,6 +183,17 @@ def test_async_scheduling_reaches_the_engine_with_its_overlapped_path(tmp_path):
         runtime.shutdown()
 
 
+@pytest.mark.parametrize("on", [True, False])
+def test_compile_fast_transformer_reaches_the_engine(tmp_path, on):
+    config = tiny_server_config(tmp_path, compile_fast_transformer=on)
+    runtime = runtime_module.build_runtime(config)
+    try:
+        assert runtime.engine.engine.config.compile_fast_transformer is on
+        assert runtime.engine.engine.runner.compile_codes is on
+    finally:
+        runtime.shutdown()
+
+
 def test_lazy_load_of_a_broken_checkpoint_is_reported(tmp_path):
     config = tiny_server_config(tmp_path, checkpoint=tmp_path / "missing", lazy_load=True)
     with LiveServer(config) as live:

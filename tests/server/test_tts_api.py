@@ -361,10 +361,14 @@ def test_asynchronous_scheduling_serves_the_same_audio(tmp_path):
     ]
     audio: dict[str, list[np.ndarray]] = {}
     for setting in ("off", "on"):
-        config = tiny_server_config(tmp_path / setting, async_scheduling=setting == "on")
+        on = setting == "on"
+        config = tiny_server_config(
+            tmp_path / setting, async_scheduling=on, compile_fast_transformer=not on
+        )
         with LiveServer(config) as live:
             health = httpx.get(live.url + "/health").json()
-            assert health["model"]["async_scheduling"] is (setting == "on")
+            assert health["model"]["async_scheduling"] is on
+            assert health["model"]["compile_fast_transformer"] is not on
             with ThreadPoolExecutor(4) as pool:
                 replies = list(pool.map(lambda b: tts(live, {**b, "seed": 5}), bodies))
             assert all(r.status_code == 200 for r in replies)
