@@ -99,6 +99,12 @@ class DecodeInputs:
         )
 
 
+def stack_rows(arrays: list[np.ndarray]) -> np.ndarray:
+    """`np.stack(arrays)` of equal-shape arrays (at least one) as one concatenation:
+    2-4x faster for hundreds of small arrays (per-step inputs of a large batch)."""
+    return np.concatenate(arrays).reshape(len(arrays), *arrays[0].shape)
+
+
 def _block_tables(items: list[tuple[Sequence, int]], max_blocks: int) -> np.ndarray:
     """int32 (len(items), max_blocks) block tables, zero-padded (one NumPy scatter)."""
     lengths = np.fromiter((len(q.block_table) for q, _ in items), np.int64, len(items))
@@ -116,6 +122,9 @@ def _row_layout(items: list[tuple[Sequence, int]]) -> tuple[np.ndarray, list[Seq
     Returns ``(order, samplers)``: int64 (R,) indices into the items' positions laid end to
     end, and the sequences that sample a frame this step (their rows are the first S).
     """
+    seqs = [seq for seq, n in items if n == 1 and seq.num_computed + 1 == seq.num_positions]
+    if len(seqs) == len(items):  # a pure decode step: every row samples, in order
+        return np.arange(len(items)), seqs
     first, rest, samplers, r = [], [], [], 0
     for seq, n in items:
         if seq.num_computed + n == seq.num_positions:
@@ -160,23 +169,25 @@ def build_row_inputs(
         ``(inputs, samplers)``: DecodeInputs of R = sum(n) rows, and the S samplers in order.
     """
     order, samplers = _row_layout(items)
-    if all(n == 1 for _, n in items):  # a pure decode step: one column per sequence
-        columns = np.stack([_column(q) for q, _ in items])
+    tables = _block_tables(items, max_blocks)
+    if all(n == 1 for _, n in items):  # one column per sequence
+        columns = stack_rows([_column(q) for q, _ in items])
         positions = np.fromiter((q.num_computed for q, _ in items), np.int64, len(items))
     else:
         parts = [_columns(q, n) for q, n in items]
         columns = np.ascontiguousarray(np.concatenate(parts, 1).T)
         spans = [np.arange(q.num_computed, q.num_computed + n) for q, n in items]
         positions = np.concatenate(spans)
-    owner = np.repeat(np.arange(len(items)), [n for _, n in items])
-    positions, tables = positions[order], _block_tables(items, max_blocks)[owner[order]]
+        tables = np.repeat(tables, [n for _, n in items], axis=0)
+    if len(samplers) < len(items) or len(order) > len(items):  # rows not in item order
+        columns, positions, tables = columns[order], positions[order], tables[order]
     rows = np.arange(len(order))
     slots = tables[rows, positions // block_size].astype(np.int64) * block_size
     slots += positions % block_size
     pad, shape = len(order) - len(samplers), tuple(items[0][0].window.shape)
     sampling = build_sampling_inputs(samplers, pad, shape)
     inputs = DecodeInputs(
-        columns=torch.from_numpy(columns[order]),
+        columns=torch.from_numpy(np.ascontiguousarray(columns)),
         positions=torch.from_numpy(positions),
         slot_mapping=torch.from_numpy(slots),
         block_tables=torch.from_numpy(tables),
@@ -260,7 +271,7 @@ def build_sampling_inputs(
         seeds=i[0],
         segments=i[1],
         frames=i[2],
-        windows=torch.from_numpy(np.stack(windows)),
+        windows=torch.from_numpy(stack_rows(windows)),
     )
 
 

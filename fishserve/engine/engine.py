@@ -120,7 +120,7 @@ class GenerationRequest:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
-@dataclass
+@dataclass(slots=True)
 class EngineEvent:
     """What a step produced for one request.
 
@@ -394,7 +394,7 @@ class LLMEngine:
         self._log_if_slow(start, batch)
         events: list[EngineEvent] = []
         for seq, frame in results:
-            events.extend(self._on_frame(seq, frame))
+            self._on_frame(seq, frame, events)
         return events
 
     def _log_if_slow(self, start: float, batch: ScheduledBatch) -> None:
@@ -497,23 +497,24 @@ class LLMEngine:
             if not self._current(seq, slot) or seq.inflight <= 0:
                 continue
             seq.inflight -= 1
-            events.extend(self._on_frame(seq, frame))
+            self._on_frame(seq, frame, events)
         return events
 
-    def _on_frame(self, seq: Sequence, row: np.ndarray) -> list[EngineEvent]:
+    def _on_frame(self, seq: Sequence, row: np.ndarray, events: list[EngineEvent]) -> None:
+        """Record `seq`'s sampled frame (1 + nc,) and append its events to `events`
+        (hundreds of calls per step: kept to a few Python operations)."""
         seq.add_frame(row)  # NumPy rows: no PyTorch call per frame (see `Sequence`)
         self.frames_generated += 1
         index = len(seq.frames) - 1
-        events = []
+        stop = False
         if index >= 1:  # the first frame of a segment is not audio (spec §6.2)
-            events.append(EngineEvent(seq.request_id, codes=row[1:], segment=seq.segment))
-        stop = index >= 1 and row[0] == self.tokenizer.im_end_id and not seq.ignore_eos
+            events.append(EngineEvent(seq.request_id, row[1:], seq.segment))
+            stop = not seq.ignore_eos and row[0] == self.tokenizer.im_end_id
         if stop or index + 1 >= seq.budget:
             seq.cut_at_budget = seq.cut_at_budget or not stop
             end = self._end_segment(seq)
             if end is not None:
                 events.append(end)
-        return events
 
     def _end_segment(self, seq: Sequence) -> EngineEvent | None:
         seq.plan.record(torch.from_numpy(np.stack(seq.frames, axis=1)))
