@@ -179,7 +179,7 @@ def build_row_inputs(
         spans = [np.arange(q.num_computed, q.num_computed + n) for q, n in items]
         positions = np.concatenate(spans)
         tables = np.repeat(tables, [n for _, n in items], axis=0)
-    if len(samplers) < len(items) or len(order) > len(items):  # rows not in item order
+    if not len(samplers) == len(order) == len(items):  # else every item is one sampling row
         columns, positions, tables = columns[order], positions[order], tables[order]
     rows = np.arange(len(order))
     slots = tables[rows, positions // block_size].astype(np.int64) * block_size
@@ -187,7 +187,7 @@ def build_row_inputs(
     pad, shape = len(order) - len(samplers), tuple(items[0][0].window.shape)
     sampling = build_sampling_inputs(samplers, pad, shape)
     inputs = DecodeInputs(
-        columns=torch.from_numpy(np.ascontiguousarray(columns)),
+        columns=torch.from_numpy(columns),
         positions=torch.from_numpy(positions),
         slot_mapping=torch.from_numpy(slots),
         block_tables=torch.from_numpy(tables),

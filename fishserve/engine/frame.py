@@ -16,7 +16,6 @@ from torch import Tensor
 from fishserve.engine.host_copy import download, to_device
 from fishserve.engine.sampling import (
     exponential_noise,
-    exponential_noise_at,
     noise_counter,
     sample,
     sample_prefiltered,
@@ -235,8 +234,7 @@ def _sample_slot(
 ) -> Tensor:
     """The code of codebook `slot` (int64 (1,), 1..nc-1) from its logits (B, C): int64 (B,)."""
     counters = noise_counter(params.segments, params.frames, slot)
-    ids = torch.arange(logits.shape[-1], device=logits.device)[None, :]
-    noise = exponential_noise_at(params.seeds, counters, ids)
+    noise = exponential_noise(params.seeds, counters, logits.shape[-1])
     window = None if windows is None else windows.index_select(1, slot + 1)[:, 0]
     return sample(logits, params.temperature, params.top_p, params.penalty, window, noise)
 
