@@ -25,7 +25,12 @@ the job lengths the chunk schedule produces, :func:`frame_buckets_for`), so that
 * everything runs on a dedicated CUDA stream, so decoder calls overlap the language model's
   steps instead of queueing behind them on one stream; with ``num_sms`` that stream belongs to
   a green context of that many SMs (:mod:`fishserve.engine.sm_partition`), graphs captured on
-  it included, so a busy decoder leaves the other SMs to the engine's kernels.
+  it included, so a busy decoder leaves the other SMs to the engine's kernels;
+* a call can be launched without waiting for it (:meth:`DecoderRunner.start_jobs`, up to
+  `MAX_IN_FLIGHT` at once): its inputs go up through a pinned staging buffer and its audio
+  comes down into a pinned buffer of its own, so the caller prepares the next call, or cuts
+  up the last one's audio, while the GPU decodes (the decoder thread's pipelining,
+  :mod:`fishserve.server.decode_worker`).
 
 Why padding is exact: right-padded frames cannot reach earlier samples (every op is causal) and
 padded batch rows have length 0; each job keeps only its own samples (see ``batching``). On the
@@ -41,7 +46,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +56,7 @@ from torch import Tensor
 
 from fishserve.engine.busy_timer import BusyTimer
 from fishserve.engine.graph_decoder import graph_buckets
-from fishserve.engine.host_copy import PinnedDownload, copy_to_device_, to_device
+from fishserve.engine.host_copy import PinnedDownload, to_device
 from fishserve.engine.sm_partition import SMPartition, make_partition
 from fishserve.models.firefly import FireflyConfig, FireflyGenerator
 from fishserve.models.firefly.triton_head import (
@@ -69,12 +74,17 @@ FRAME_ALIGN = 8  # frame buckets are multiples of 8 code frames (0.37 s at 21.53
 
 __all__ = [
     "DECODER_KERNELS",
+    "MAX_IN_FLIGHT",
     "DecoderRunner",
+    "PendingDecode",
     "frame_buckets_for",
     "new_frame_buckets_for",
     "resolve_kernels",
 ]
 DECODER_KERNELS = ("auto", "triton", "torch")
+# Calls launched by `DecoderRunner.start_jobs` whose audio is not read yet, at most: one
+# decoding, one whose audio is being cut up (or the next one queued behind it).
+MAX_IN_FLIGHT = 2
 
 
 def _triton_head_missing(device: torch.device, capability: bool) -> str:
@@ -184,6 +194,86 @@ class _Captured:
     wave: Tensor  # (B, frames * frame_samples) float32
 
 
+class _Slot:
+    """The pinned host buffers of one call in flight: its inputs' staging, its audio."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.download = PinnedDownload(device)
+        self._staging = torch.empty(0, dtype=torch.int64, pin_memory=self.cuda)
+
+    def reserve(self, upload_elements: int, download_bytes: int) -> None:
+        """Grow the buffers to these sizes now (allocating pinned memory synchronises the
+        device: done at start-up, not while serving)."""
+        if upload_elements > self._staging.numel():
+            self._staging = torch.empty(upload_elements, dtype=torch.int64, pin_memory=self.cuda)
+        self.download.reserve(download_bytes)
+
+    def upload(self, pairs: Sequence[tuple[Tensor, np.ndarray]]) -> None:
+        """Copy each int64 host array into its device tensor (same number of elements) on
+        the current stream, through this slot's staging buffer, without waiting."""
+        total = sum(src.size for _, src in pairs)
+        self.reserve(total, 0)
+        offset = 0
+        for dst, src in pairs:
+            host = self._staging[offset : offset + src.size]
+            host.numpy()[:] = src.reshape(-1)
+            dst.copy_(host.view(dst.shape), non_blocking=True)
+            offset += src.size
+
+
+class PendingDecode:
+    """A decoder call launched by :meth:`DecoderRunner.start_jobs`, its audio not read yet.
+
+    On CUDA the call runs on the runner's stream while the host goes on: :meth:`ready` says
+    whether its work (with the copy of its audio to pinned host memory) has run, without
+    blocking; :meth:`wait_gpu` waits for it; :meth:`result` cuts each job's samples out and
+    frees the call's buffers for another call. On the CPU the call ran in ``start_jobs``.
+    """
+
+    def __init__(
+        self,
+        runner: DecoderRunner,
+        slot: _Slot,
+        cut: Callable[[np.ndarray], list[np.ndarray]],
+        jobs: int,
+    ) -> None:
+        self._runner, self._slot, self._cut = runner, slot, cut
+        self.jobs = jobs
+        self._done = False
+        # the call's own event: the slot's is recorded again by a later call once this one's
+        # result is taken, and another thread may still be waiting on this call then
+        self._event: torch.cuda.Event | None = None
+        if runner.stream is not None:
+            self._event = torch.cuda.Event()
+            self._event.record(runner.stream)
+
+    def ready(self) -> bool:
+        """Whether the call's GPU work is done (never blocks; always True on the CPU)."""
+        return self._event is None or self._event.query()
+
+    def wait_gpu(self) -> None:
+        """Block until the call's GPU work is done (releases the GIL while waiting); any
+        thread may wait."""
+        if self._event is not None:
+            self._event.synchronize()
+
+    def result(self) -> list[np.ndarray]:
+        """One ``(job.new_frames * frame_samples,)`` float32 array per job, in order, at
+        ``config.sample_rate`` Hz (waits for the call first).
+
+        Raises:
+            RuntimeError: the result was taken already (the call's buffers are reused).
+        """
+        if self._done:
+            raise RuntimeError("this decoder call's result was taken already")
+        self._done = True
+        try:
+            return self._cut(self._slot.download.wait_view())
+        finally:
+            self._runner._release(self._slot)
+
+
 class DecoderRunner:
     """Decodes padded batches of jobs through fixed shapes (see module docstring).
 
@@ -261,8 +351,8 @@ class DecoderRunner:
             self.partition = make_partition(self.device, num_sms)
         self.stream = self._make_stream() if cuda else None
         # Pinned copies: a pageable copy here blocked the engine thread's CUDA calls until the
-        # whole decoder call had run (`fishserve.engine.host_copy`).
-        self._audio_down = PinnedDownload(self.device)
+        # whole decoder call had run (`fishserve.engine.host_copy`). One set per call in flight.
+        self._free_slots = [_Slot(self.device) for _ in range(MAX_IN_FLIGHT)]
         self.graphs: dict[tuple[int, int], _Captured] = {}
         self.busy = BusyTimer(self.device)
         self.calls = 0
@@ -331,34 +421,85 @@ class DecoderRunner:
 
         Raises:
             ValueError: a job's codes do not have ``config.n_groups`` rows.
+            RuntimeError: `MAX_IN_FLIGHT` calls of `start_jobs` are in flight.
         """
         out: list[np.ndarray] = []
         for start in range(0, len(jobs), self.max_batch):
-            part = jobs[start : start + self.max_batch]
-            if self.trim_context is not None:
-                out += self._decode_tails(part)
-            else:
-                codes, lengths = pad_jobs(part, self.config.n_groups)
-                samples = self._decode_padded(codes, lengths)  # valid until the next call
-                out += split_samples(samples, part, self.config.frame_samples)
-            self.calls += 1
-            self.frames_decoded += sum(job.new_frames for job in part)
-            self.jobs_decoded += len(part)
+            out += self.start_jobs(jobs[start : start + self.max_batch]).result()
         return out
+
+    def start_jobs(self, jobs: Sequence[DecodeJob]) -> PendingDecode:
+        """Launch one call for 1 to ``max_batch`` jobs and return without waiting for it.
+
+        On CUDA the call is queued on the runner's stream; ``result()`` of the returned
+        :class:`PendingDecode` gives what :meth:`decode_jobs` would. At most `MAX_IN_FLIGHT`
+        calls may be in flight (launched, result not taken); calls run in launch order.
+
+        Raises:
+            ValueError: no jobs, more than ``max_batch``, or a job's codes do not have
+                ``config.n_groups`` rows.
+            RuntimeError: `MAX_IN_FLIGHT` calls are in flight already.
+        """
+        if not 1 <= len(jobs) <= self.max_batch:
+            raise ValueError(f"a decoder call takes 1 to {self.max_batch} jobs, got {len(jobs)}")
+        check_groups(jobs, self.config.n_groups)
+        if not self._free_slots:
+            raise RuntimeError(
+                f"{MAX_IN_FLIGHT} decoder calls are in flight: take a result before the next"
+            )
+        slot = self._free_slots.pop()
+        try:
+            if self.trim_context is not None:
+                cut = self._launch_tails(jobs, slot)
+            else:
+                cut = self._launch_padded(jobs, slot)
+        except BaseException:
+            self._free_slots.append(slot)
+            raise
+        self.calls += 1
+        self.frames_decoded += sum(job.new_frames for job in jobs)
+        self.jobs_decoded += len(jobs)
+        return PendingDecode(self, slot, cut, len(jobs))
 
     def decode_padded(self, codes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """``(B, G, L)`` int64 codes and ``(B,)`` lengths -> ``(B, L * frame_samples)`` float32.
 
         B must be at most ``max_batch``. Samples past each length are 0.
-        """
-        return self._decode_padded(codes, lengths).copy()
 
-    def _decode_tails(self, jobs: Sequence[DecodeJob]) -> list[np.ndarray]:
-        """Decode `jobs` with trimmed context: each job's last ``trim_context`` context frames
-        and its new frames, left-aligned in a ``(B, G, bucket + trim_context)`` call."""
+        Raises:
+            RuntimeError: `MAX_IN_FLIGHT` calls of `start_jobs` are in flight.
+        """
+        if not self._free_slots:
+            raise RuntimeError(f"{MAX_IN_FLIGHT} decoder calls are in flight")
+        slot = self._free_slots.pop()
+        try:
+            width = codes.shape[2] * self.config.frame_samples
+            self._launch_padded_codes(codes, lengths, slot)
+            return slot.download.wait_view()[:, :width].copy()
+        finally:
+            self._free_slots.append(slot)
+
+    def _release(self, slot: _Slot) -> None:
+        """A call's result was taken: its buffers may serve another call."""
+        self._free_slots.append(slot)
+
+    def _launch_padded(
+        self, jobs: Sequence[DecodeJob], slot: _Slot
+    ) -> Callable[[np.ndarray], list[np.ndarray]]:
+        """Launch `jobs` padded to their longest (no trimming); returns how to cut the rows."""
+        codes, lengths = pad_jobs(jobs, self.config.n_groups)
+        self._launch_padded_codes(codes, lengths, slot)
+        fs = self.config.frame_samples
+        return lambda rows: split_samples(rows[:, : codes.shape[2] * fs], jobs, fs)
+
+    def _launch_tails(
+        self, jobs: Sequence[DecodeJob], slot: _Slot
+    ) -> Callable[[np.ndarray], list[np.ndarray]]:
+        """Launch `jobs` with trimmed context: each job's last ``trim_context`` context frames
+        and its new frames, left-aligned in a ``(B, G, bucket + trim_context)`` call; returns
+        how to cut each job's new samples out of the call's rows."""
         groups, context = self.config.n_groups, self.trim_context
         assert context is not None
-        check_groups(jobs, groups)
         new = max(job.new_frames for job in jobs)
         b = len(jobs)
         bb = self.batch_bucket(b)
@@ -374,11 +515,14 @@ class DecoderRunner:
         assert self.head is not None
         steps = codes.shape[2] * self.config.downsample_factor  # latent steps of the call
         skip = self.head.skip_rows(frames * fs, steps, wanted)
-        rows = self._run(codes, lengths, frames, b, skip)
-        return [rows[i, (frames - job.new_frames) * fs :].copy() for i, job in enumerate(jobs)]
+        self._launch(codes, lengths, frames, b, slot, skip)
+        return lambda rows: [
+            rows[i, (frames - job.new_frames) * fs :].copy() for i, job in enumerate(jobs)
+        ]
 
-    def _decode_padded(self, codes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """`decode_padded`, but on CUDA a view of a pinned buffer the next call overwrites."""
+    def _launch_padded_codes(self, codes: np.ndarray, lengths: np.ndarray, slot: _Slot) -> None:
+        """Launch ``(B, G, L)`` codes padded to their buckets; `slot` receives ``(B, bucket *
+        frame_samples)`` rows."""
         b, groups, frames = codes.shape
         bb = next(size for size in self.batch_buckets if size >= b)
         fb = self.frame_bucket(frames)
@@ -387,38 +531,39 @@ class DecoderRunner:
             padded[:b, :, :frames] = codes
             lengths = np.concatenate([lengths, np.zeros(bb - b, dtype=lengths.dtype)])
             codes = padded
-        return self._run(codes, lengths, codes.shape[2], b)[:, : frames * self.config.frame_samples]
+        self._launch(codes, lengths, codes.shape[2], b, slot)
 
-    def _run(
+    def _launch(
         self,
         codes: np.ndarray,
         lengths: np.ndarray,
         frames: int,
         rows: int,
+        slot: _Slot,
         skip: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """One call on ``(B, G, L)`` codes: the first `rows` of its ``(B, frames *
-        frame_samples)`` float32 output (on CUDA a view of a pinned buffer that the next call
-        overwrites). `frames` is ``L``, or the new frames per job when trimming; `skip`: the
-        trimmed head's skip rows (`TritonHead.skip_rows`)."""
+    ) -> None:
+        """One call on ``(B, G, L)`` codes, not waited for: the first `rows` of its ``(B,
+        frames * frame_samples)`` float32 output go to `slot`'s download. `frames` is ``L``, or
+        the new frames per job when trimming; `skip`: the trimmed head's skip rows
+        (`TritonHead.skip_rows`)."""
         if self.stream is None:
             with self.busy.measure():
-                return self._eager(codes, lengths, frames, skip)[:rows].numpy()
+                slot.download.start(self._eager(codes, lengths, frames, skip)[:rows])
+            return
         with torch.cuda.stream(self.stream), torch.inference_mode(), self.busy.measure():
             graph = self.graphs.get((codes.shape[0], frames)) if self.use_graphs else None
             if graph is not None:
-                copy_to_device_(graph.codes, torch.from_numpy(codes))
-                copy_to_device_(graph.lengths, torch.from_numpy(lengths))
-                if graph.skip is not None:  # no table: skip nothing (not the last call's)
-                    if skip is None:
-                        graph.skip.zero_()
-                    else:
-                        copy_to_device_(graph.skip, torch.from_numpy(skip))
+                uploads = [(graph.codes, codes), (graph.lengths, lengths)]
+                if graph.skip is not None and skip is not None:
+                    uploads.append((graph.skip, skip))
+                elif graph.skip is not None:  # no table: skip nothing (not the last call's)
+                    graph.skip.zero_()
+                slot.upload(uploads)
                 graph.graph.replay()
                 wave = graph.wave
             else:
                 wave = self._eager(codes, lengths, frames, skip)
-            return self._audio_down.download_view(wave[:rows])  # waits for this stream
+            slot.download.start(wave[:rows])
 
     @property
     def busy_seconds(self) -> float:
@@ -485,6 +630,9 @@ class DecoderRunner:
                     with torch.cuda.graph(graph, pool=pool, stream=self.stream):
                         wave = self._call(codes, lengths, fb, skip)
                 self.graphs[(bb, fb)] = _Captured(graph, codes, lengths, skip, wave)
+                inputs = codes.numel() + lengths.numel() + (0 if skip is None else skip.numel())
+                for slot in self._free_slots:
+                    slot.reserve(inputs, wave.numel() * wave.element_size())
         log.info(
             "captured %d decoder CUDA graphs (batch %s x frames %s) in %.1f s",
             len(self.graphs),

@@ -10,7 +10,10 @@ server's `DecoderRunner` (one CUDA graph per shape bucket; on CPU it runs eager)
 with the PyTorch head, ``triton`` with the fused Triton head and trimmed context (the
 server's default on CUDA: each layer computes only what the new frames need), ``triton-full``
 the same head decoding every context frame at every layer (before trimming), ``compiled`` with
-the PyTorch head fused by torch.compile.
+the PyTorch head fused by torch.compile, ``triton-pipelined`` the ``triton`` runner fed as the
+server's decoder thread feeds it under load: `PIPELINED_CALLS` calls back to back, each launched
+before the last one's audio is read (`DecoderRunner.start_jobs`), timed together (ms per call =
+their time over their number), so the host's work between calls overlaps the GPU's.
 Reported: ms per call, new frames per second, real-time streams the decoder alone could feed
 (frames/s over the decoder's frame rate: 44,100 / 2,048 = 21.53 for the release), peak GPU
 memory, and the runner's start-up (compile + capture) time.
@@ -19,7 +22,8 @@ memory, and the runner's start-up (compile + capture) time.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -29,12 +33,24 @@ import torch
 from rich.console import Console
 
 from fishserve.audio.batching import DecodeJob, decode_batch
-from fishserve.audio.decoder_runner import DecoderRunner
+from fishserve.audio.decoder_runner import MAX_IN_FLIGHT, DecoderRunner
 from fishserve.audio.streaming import ChunkPolicy, receptive_field_frames
 from fishserve.bench.tables import render_table, write_results
 from fishserve.models.firefly import FireflyGenerator
 
-MODES = ("eager", "graphs", "triton", "triton-full", "compiled")
+MODES = ("eager", "graphs", "triton", "triton-full", "compiled", "triton-pipelined")
+PIPELINED_CALLS = 8  # calls per timed repeat of `triton-pipelined`
+
+
+def decode_pipelined(runner: DecoderRunner, jobs: Sequence[DecodeJob], calls: int) -> None:
+    """`calls` calls of `jobs`, each launched before the previous one's audio is read."""
+    pending: deque = deque()
+    for _ in range(calls):
+        if len(pending) == MAX_IN_FLIGHT:
+            pending.popleft().result()
+        pending.append(runner.start_jobs(jobs))
+    while pending:
+        pending.popleft().result()
 
 
 @dataclass
@@ -95,7 +111,7 @@ def build_runner(decoder: FireflyGenerator, max_batch: int, chunk: int, mode: st
         decoder,
         policy,
         max_batch,
-        trim=mode == "triton",
+        trim=mode in ("triton", "triton-pipelined"),
         compile=mode == "compiled",
         kernels=kernels,
     )
@@ -125,11 +141,14 @@ def bench_mode(
             torch.cuda.reset_peak_memory_stats()
         jobs = make_jobs(decoder, batch, chunks, whole_clips=whole_clips)
         used = chunks[: min(batch, len(chunks))]  # a smaller batch takes only the first lengths
+        calls = PIPELINED_CALLS if mode == "triton-pipelined" else 1
         if runner is None:
             call = partial(decode_batch, decoder, jobs)
+        elif calls > 1:
+            call = partial(decode_pipelined, runner, jobs[: runner.max_batch], calls)
         else:
             call = partial(runner.decode_jobs, jobs)
-        seconds = time_calls(call, cuda, repeats)
+        seconds = time_calls(call, cuda, repeats) / calls
         fps = sum(job.new_frames for job in jobs) / seconds
         peak = torch.cuda.max_memory_allocated() if cuda else 0
         results.append(

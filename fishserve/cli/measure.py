@@ -337,7 +337,8 @@ def bench_decoder(
             help="Comma list: eager (plain call), graphs (runner, PyTorch head), "
             "triton (runner, Triton head, trimmed context; CUDA), triton-full (the same, "
             "every context frame decoded at every layer), compiled (runner, compiled "
-            "PyTorch head)."
+            "PyTorch head), triton-pipelined (triton, 8 calls back to back, each launched "
+            "before the last one's audio is read)."
         ),
     ] = "eager,graphs",
     output: Annotated[Path | None, typer.Option(help="JSON results (+ .md table).")] = None,

@@ -150,7 +150,15 @@ def serve(
         ),
     ] = None,
     chunk_frames: Annotated[
-        int | None, _setting("chunk_frames", "Frames per later audio chunk.")
+        int | None, _setting("chunk_frames", "Frames per later audio chunk, at most.")
+    ] = None,
+    chunk_growth: Annotated[
+        float | None,
+        _setting(
+            "chunk_growth",
+            "Each later audio chunk is this many times the previous one, up to "
+            "--chunk-frames (2: 10, 20, 40, 64 frames).",
+        ),
     ] = None,
     early_chunk_margin: Annotated[
         float | None,
@@ -169,6 +177,14 @@ def serve(
             "decoder_batch_wait",
             "Seconds a queued audio chunk may wait for others to share its decoder call "
             "(chunks due within 0.15 s never wait); 0 = decode at once.",
+        ),
+    ] = None,
+    decoder_pipeline: Annotated[
+        bool | None,
+        _setting(
+            "decoder_pipeline",
+            "Launch the next decoder call while the last one's audio is handed out (and a "
+            "full call right behind the running one).",
         ),
     ] = None,
     max_decoder_lag: Annotated[

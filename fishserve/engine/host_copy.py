@@ -40,6 +40,12 @@ class PinnedDownload:
         self._event = torch.cuda.Event() if cuda else None
         self._host = np.zeros(0)
 
+    def reserve(self, nbytes: int) -> None:
+        """Grow the buffer to `nbytes` now (allocating pinned memory synchronises the device,
+        so a server does it at start-up); the last download's view stays valid."""
+        if self._bytes is not None and nbytes > self._bytes.numel():
+            self._bytes = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
     def download(self, tensor: Tensor) -> np.ndarray:
         """`tensor` (contiguous, a NumPy-compatible dtype) as a NumPy array of its own.
 
@@ -61,8 +67,7 @@ class PinnedDownload:
             self._host = tensor.detach().numpy()
             return
         nbytes = tensor.numel() * tensor.element_size()
-        if nbytes > self._bytes.numel():
-            self._bytes = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        self.reserve(nbytes)
         host = self._bytes[:nbytes].view(tensor.dtype).view(tensor.shape)
         host.copy_(tensor, non_blocking=True)
         self._event.record()

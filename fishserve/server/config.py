@@ -86,6 +86,10 @@ class ServerConfig(BaseModel):
     # (at least half of first_chunk_frames), when the server is too slow to make all of them.
     first_chunk_deadline: float | None = Field(None, gt=0)
     chunk_frames: int = Field(64, ge=1)
+    # Each later chunk is this many times the previous one (up to chunk_frames): 2 gives
+    # 10, 20, 40, 64 frames. Smaller grows the playing client's buffer sooner where streams
+    # are generated at less than about twice real time, for a few more decoder calls.
+    chunk_growth: float = Field(2.0, ge=1.0, le=16.0, allow_inf_nan=False)
     # Seconds before a playing client runs out of audio at which the frames generated so far
     # go out as a shorter chunk. Smaller: longer chunks, fewer decoder calls, more risk of a gap.
     early_chunk_margin: float = Field(0.25, gt=0, le=5.0, allow_inf_nan=False)
@@ -96,6 +100,10 @@ class ServerConfig(BaseModel):
     # Seconds a queued audio chunk may wait for others to share its decoder call (chunks due
     # within 0.15 s never wait); 0: decode whatever is queued at once.
     decoder_batch_wait: float = Field(0.0, ge=0, le=1.0, allow_inf_nan=False)
+    # Launch the next decoder call while the host still hands out the last one's audio (and,
+    # with a full call queued, behind the running call): the decoder's GPU does not wait for
+    # the decoder thread's host work between calls. Ignored with gpu_sharing "turns".
+    decoder_pipeline: bool = True
     # Refuse new requests (503, Retry-After) while the audio decoder is more than this many
     # seconds behind its streams' deadlines: accepted streams stay real time instead of every
     # stream degrading; None: never (e.g. for offline synthesis on a slow device).

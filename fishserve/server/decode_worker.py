@@ -21,6 +21,16 @@ arrived within the last window (a lone stream, or a few, would only wait, for no
 the dynamic batcher's `max_queue_delay` of inference servers, bounded by each stream's playback
 deadline.
 
+Pipelining (`pipeline`, on by default; not with `gpu_turns`): the host's part of a call
+(planning it, building and uploading its inputs, cutting its audio into chunks and handing them
+to their requests) used to leave the decoder's GPU idle between calls; under load the decoder
+thread spent ~30% of its time there (py-spy, docs/benchmarks.md §6.8) while streams waited.
+Now the worker launches the next call as soon as the GPU has finished the last one, and cuts
+up the finished call's audio while the next one runs. With a full call's worth of jobs
+queued it launches the next call even before the running one ends (at most `MAX_IN_FLIGHT`
+calls in flight), so a backlogged decoder never waits for the host; with fewer jobs queued it
+waits for the running call to end, so late arrivals still join the next call.
+
 Shutdown: jobs queued before `shutdown` are still decoded; a job submitted after it fails at
 once, and any job left over when the thread ends (or that never ran because the thread never
 started) fails with `DecoderStoppedError`, so no request waits forever for its audio.
@@ -28,6 +38,7 @@ started) fails with `DecoderStoppedError`, so no request waits forever for its a
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -42,7 +53,7 @@ from contextlib import AbstractContextManager, nullcontext
 import numpy as np
 
 from fishserve.audio.batching import DecodeJob
-from fishserve.audio.decoder_runner import DecoderRunner
+from fishserve.audio.decoder_runner import MAX_IN_FLIGHT, DecoderRunner, PendingDecode
 from fishserve.engine.gpu_turns import GpuTurns
 from fishserve.server.decode_plan import plan_call
 
@@ -64,6 +75,15 @@ BUSY_JOBS = 4
 MAX_BATCH_WAIT_S = 60.0
 # A call is planned over the earliest this many times `max_batch` queued jobs.
 PLAN_WINDOW = 4
+# A launched call and the requests its audio goes to.
+_Call = tuple[PendingDecode, list[tuple[DecodeJob, "Future[np.ndarray]"]], float]
+
+
+class _Wake:
+    """Inbox item of the GPU waiter thread: a launched call's GPU work has finished."""
+
+
+_WAKE = _Wake()
 
 
 class DecoderStoppedError(RuntimeError):
@@ -80,13 +100,20 @@ class DecodeWorker:
             None: calls run whenever jobs are queued, beside the steps.
         batch_wait: seconds a queued job may wait for others to share its call (the batch
             window, see the module docstring); 0: decode whatever is queued at once.
+        pipeline: launch the next call before the last one's audio is cut up, and with a full
+            call queued before the last one ends (module docstring); ignored with
+            `gpu_turns`, whose calls run one at a time between steps.
 
     Raises:
         ValueError: `batch_wait` outside [0, `MAX_BATCH_WAIT_S`] (or NaN).
     """
 
     def __init__(
-        self, runner: DecoderRunner, gpu_turns: GpuTurns | None = None, batch_wait: float = 0.0
+        self,
+        runner: DecoderRunner,
+        gpu_turns: GpuTurns | None = None,
+        batch_wait: float = 0.0,
+        pipeline: bool = True,
     ) -> None:
         if not 0 <= batch_wait <= MAX_BATCH_WAIT_S:
             raise ValueError(
@@ -98,7 +125,15 @@ class DecodeWorker:
         self._lag = 0.0
         self._recent: deque[float] = deque(maxlen=BUSY_JOBS)  # the last submission times
         self.max_batch = runner.max_batch
-        self._inbox: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self.depth = MAX_IN_FLIGHT if pipeline and gpu_turns is None else 1
+        self._inflight: deque[_Call] = deque()  # launched calls, oldest first
+        self._inbox: queue.SimpleQueue[_Item | _Wake | None] = queue.SimpleQueue()
+        # Pipelined: a second thread waits for each launched call's GPU work and wakes the
+        # worker through its inbox, so the worker waits for "a job arrived or a call ended".
+        self._gpu_waits: queue.SimpleQueue[PendingDecode | None] = queue.SimpleQueue()
+        self._waiter = threading.Thread(
+            target=self._wait_gpu_loop, name="fishserve-decoder-wait", daemon=True
+        )
         self._heap: list[_Item] = []
         self._order = itertools.count()
         self._thread = threading.Thread(target=self._loop, name="fishserve-decoder", daemon=True)
@@ -135,6 +170,8 @@ class DecodeWorker:
         with self._submit_lock:  # `shutdown` then sees a started thread, or none at all
             if not self._stopped:
                 self._thread.start()
+                if self.depth > 1:
+                    self._waiter.start()
 
     def shutdown(self) -> None:
         """Stop after the queued jobs (waits up to 10 s for them); later submissions fail at
@@ -175,7 +212,16 @@ class DecodeWorker:
         try:
             self._serve()
         finally:
+            self._gpu_waits.put(None)
             self._fail_leftovers()
+
+    def _wait_gpu_loop(self) -> None:
+        """The waiter thread: for each launched call, wait for its GPU work, then wake the
+        worker (errors are the worker's to see, when it reads the call's result)."""
+        while (call := self._gpu_waits.get()) is not None:
+            with contextlib.suppress(Exception):
+                call.wait_gpu()
+            self._inbox.put(_WAKE)
 
     def _fail_leftovers(self) -> None:
         """Fail every job still in the heap or the inbox (the thread has ended, or never
@@ -183,11 +229,13 @@ class DecodeWorker:
         with self._submit_lock:
             self._stopped = True  # also when the loop ended by an error, not by `shutdown`
         leftovers, self._heap = self._heap, []
+        while self._inflight:  # launched, but their audio will never be read
+            _fail_unfinished(self._inflight.popleft()[1])
         self._lag = 0.0  # a stopped decoder is not "late": `alive` says what it is
         while not self._inbox.empty():
             item = self._inbox.get_nowait()
-            if item is not None:
-                leftovers.append(item)
+            if item is not None and item is not _WAKE:
+                leftovers.append(item)  # type: ignore[arg-type]
         for *_, future in leftovers:
             if future.set_running_or_notify_cancel():
                 future.set_exception(
@@ -197,24 +245,62 @@ class DecodeWorker:
             log.warning("decoder thread stopped with %d chunks undecoded", len(leftovers))
 
     def _serve(self) -> None:
-        """Decode queued jobs in batches until the stop sentinel and an empty heap."""
+        """Decode queued jobs in batches until the stop sentinel, an empty heap and no call
+        in flight."""
         stopping = False
-        while not (stopping and not self._heap):
-            if not self._heap and not stopping:
+        while True:
+            stopping = self._drain() or stopping  # all that is queued counts for the hold
+            hold = None
+            if self._heap:
+                self._lag = max(0.0, time.monotonic() - self._heap[0][0])  # also while waiting
+                if self._may_launch():
+                    hold = None if stopping or self._gpu_busy() else self._hold_until()
+                    if hold is None:
+                        stopping = self._launch_next() or stopping
+                        continue
+            if self._inflight:
+                stopping = self._advance() or stopping
+            elif not self._heap:
+                if stopping:
+                    return
                 if self._inbox.empty():
                     self._lag = 0.0  # nothing queued: nothing is late
                 stopping = self._take(self._inbox.get()) or stopping
-            stopping = self._drain() or stopping  # all that is queued counts for the hold
-            if not self._heap:
-                continue
-            self._lag = max(0.0, time.monotonic() - self._heap[0][0])  # also while waiting
-            hold = None if stopping else self._hold_until()
-            if hold is not None:  # wait for more jobs to share the call, or for `hold`
+            elif hold is not None:  # wait for more jobs to share the call, or for `hold`
                 stopping = self._wait_until(hold) or stopping
-                continue
-            with self._turn():
-                stopping = self._drain() or stopping  # what arrived during the wait competes too
-                self._run(self._take_batch())
+
+    def _may_launch(self) -> bool:
+        """Whether a call may be launched now: fewer than `depth` in flight, and the GPU done
+        with them unless a full call is queued (it then runs right behind the running one)."""
+        if len(self._inflight) >= self.depth:
+            return False
+        return not self._gpu_busy() or len(self._heap) >= self.max_batch
+
+    def _gpu_busy(self) -> bool:
+        """Whether a launched call's GPU work is still running (never blocks)."""
+        return any(not call.ready() for call, _, _ in self._inflight)
+
+    def _launch_next(self) -> bool:
+        """Launch the next call from the queue (in the GPU turn); True on the stop sentinel."""
+        with self._turn():
+            stopping = self._drain()  # what arrived during the wait competes too
+            self._launch(self._take_batch())
+            if self.gpu_turns is not None and self._inflight:  # the turn covers the GPU work
+                self._inflight[-1][0].wait_gpu()
+        return stopping
+
+    def _advance(self) -> bool:
+        """Hand the oldest call's audio out if its GPU work is done; else wait for that, or
+        (pipelined) for a new job, whichever comes first. True on the stop sentinel."""
+        call = self._inflight[0][0]
+        if call.ready():
+            self._finish(self._inflight.popleft())
+            return False
+        if self.depth == 1:
+            call.wait_gpu()
+            return False
+        # then the loop launches the next call before this one's audio is cut up
+        return self._take(self._inbox.get())
 
     def _turn(self) -> AbstractContextManager[object]:
         return nullcontext() if self.gpu_turns is None else self.gpu_turns.turn("decoder")
@@ -289,46 +375,52 @@ class DecodeWorker:
             runner.batch_bucket,
         )
 
-    def _take(self, item: _Item | None) -> bool:
-        """Add an inbox item to the heap; True for the stop sentinel."""
+    def _take(self, item: _Item | _Wake | None) -> bool:
+        """Add an inbox item to the heap (a wake-up adds nothing); True for the stop
+        sentinel."""
         if item is None:
             return True
-        heapq.heappush(self._heap, item)
+        if not isinstance(item, _Wake):
+            heapq.heappush(self._heap, item)
         return False
 
-    def _run(self, batch: list[_Item]) -> None:
+    def _launch(self, batch: list[_Item]) -> None:
+        """Launch one call for the batch's live jobs (a failed launch fails only its jobs)."""
         live = [(job, fut) for *_, job, fut in batch if fut.set_running_or_notify_cancel()]
         if not live:
             return
-        start = time.perf_counter()
+        started = time.perf_counter()
         try:
-            audio = self.runner.decode_jobs([job for job, _ in live])
-            if len(audio) != len(live):
-                raise RuntimeError(f"decoder returned {len(audio)} chunks for {len(live)} jobs")
+            call = self.runner.start_jobs([job for job, _ in live])
         except Exception as exc:  # a failed call fails its jobs, not the worker
-            if len(live) > 1:  # find the culprit: the other streams' chunks still decode
-                log.warning(
-                    "decoder call for %d jobs failed (%s); retrying one by one", len(live), exc
-                )
-                try:
-                    for pair in live:
-                        self._decode_alone(*pair)
-                except BaseException:
-                    _fail_unfinished(live)
-                    raise
-                return
-            log.exception("decoder call failed")
-            live[0][1].set_exception(exc)
+            self._recover(live, exc)
             return
         except BaseException:  # the thread is ending: its jobs must not wait forever
             _fail_unfinished(live)
             raise
-        if (seconds := time.perf_counter() - start) > SLOW_CALL_S:
+        self._inflight.append((call, live, started))
+        if self.depth > 1:
+            self._gpu_waits.put(call)
+
+    def _finish(self, launched: _Call) -> None:
+        """Hand a launched call's audio to its requests (waits for the call if needed)."""
+        call, live, started = launched
+        try:
+            audio = call.result()
+            if len(audio) != len(live):
+                raise RuntimeError(f"decoder returned {len(audio)} chunks for {len(live)} jobs")
+        except Exception as exc:  # a failed call fails its jobs, not the worker
+            self._recover(live, exc)
+            return
+        except BaseException:
+            _fail_unfinished(live)
+            raise
+        if (seconds := time.perf_counter() - started) > SLOW_CALL_S:
             frames = sum(self.runner.job_frames(job) for job, _ in live)
             log.log(
                 logging.WARNING if self.runner.device.type == "cuda" else logging.DEBUG,
-                "slow decoder call: %.2f s for %d chunks, %d frames (new, or all with their "
-                "context where the runner does not trim)",
+                "slow decoder call: %.2f s from launch to audio for %d chunks, %d frames (new, "
+                "or all with their context where the runner does not trim)",
                 seconds,
                 len(live),
                 frames,
@@ -339,6 +431,20 @@ class DecodeWorker:
         except BaseException:  # a done-callback ended the thread: the others must not hang
             _fail_unfinished(live)
             raise
+
+    def _recover(self, live: list[tuple[DecodeJob, Future[np.ndarray]]], exc: Exception) -> None:
+        """A call failed: decode its jobs one by one (the culprit fails, the others decode)."""
+        if len(live) > 1:
+            log.warning("decoder call for %d jobs failed (%s); retrying one by one", len(live), exc)
+            try:
+                for pair in live:
+                    self._decode_alone(*pair)
+            except BaseException:
+                _fail_unfinished(live)
+                raise
+            return
+        log.error("decoder call failed", exc_info=exc)
+        live[0][1].set_exception(exc)
 
     def _decode_alone(self, job: DecodeJob, fut: Future[np.ndarray]) -> None:
         try:

@@ -393,7 +393,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
         dummy,
         decoder_dtype,
     )
-    policy = ChunkPolicy(config.first_chunk_frames, config.chunk_frames)
+    policy = ChunkPolicy(config.first_chunk_frames, config.chunk_frames, config.chunk_growth)
     budget = parse_memory_size(config.gpu_memory_budget) if config.gpu_memory_budget else None
     engine = LLMEngine(
         model,
@@ -442,6 +442,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
             ),
             gpu_turns=turns,
             batch_wait=config.decoder_batch_wait,
+            pipeline=config.decoder_pipeline,
         ),
         references=references,
         chunk_policy=policy,

@@ -140,6 +140,33 @@ def test_cpu_runner_does_not_pad_by_default(tiny_decoder: FireflyGenerator) -> N
     assert recorder.calls == [(3, tiny_decoder.config.n_groups, 65)]
 
 
+def test_calls_in_flight_give_what_decode_jobs_gives(tiny_decoder: FireflyGenerator) -> None:
+    runner = DecoderRunner(tiny_decoder, max_batch=2, frame_buckets=(16, 72), pad=True)
+    jobs = jobs_of_mixed_lengths(tiny_decoder.config.n_groups)
+    first, second = runner.start_jobs(jobs[:2]), runner.start_jobs(jobs[2:4])
+    with pytest.raises(RuntimeError, match="in flight"):
+        runner.start_jobs(jobs[4:])
+    with pytest.raises(RuntimeError, match="in flight"):
+        runner.decode_jobs(jobs[4:])
+    assert first.ready() and second.ready()  # the CPU decodes at launch
+    later, earlier = second.result(), first.result()
+    with pytest.raises(RuntimeError, match="taken already"):
+        first.result()
+    alone = runner.decode_jobs(jobs)
+    for got, want in zip(earlier + later, alone[:4], strict=True):
+        assert np.array_equal(got, want)
+    assert runner.calls == 2 + 3 and runner.jobs_decoded == 4 + 5
+
+
+@pytest.mark.parametrize("count", [0, 3])
+def test_a_call_takes_one_to_max_batch_jobs(tiny_decoder: FireflyGenerator, count: int) -> None:
+    runner = DecoderRunner(tiny_decoder, max_batch=2, frame_buckets=(16,))
+    jobs = jobs_of_mixed_lengths(tiny_decoder.config.n_groups)[:count]
+    with pytest.raises(ValueError, match="1 to 2 jobs"):
+        runner.start_jobs(jobs)
+    assert runner.calls == 0 and runner.decode_jobs(jobs[:2]) is not None  # no slot was lost
+
+
 def test_channels_last_head_equals_conv1d_head(tiny_decoder: FireflyGenerator) -> None:
     codes = torch.from_numpy(random_codes(tiny_decoder.config.n_groups, 40, seed=5))[None]
     codes = codes.repeat(2, 1, 1)
@@ -239,3 +266,20 @@ def test_trimmed_cuda_runner_at_full_size_in_bf16_matches_the_untrimmed_one() ->
     for a, b in zip(trimmed.decode_jobs(jobs), full.decode_jobs(jobs), strict=True):
         assert a.shape == b.shape
         assert np.linalg.norm(a - b) <= 2e-2 * np.linalg.norm(b), np.abs(a - b).max()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_calls_in_flight_on_one_graph_keep_their_own_audio(
+    tiny_decoder: FireflyGenerator,
+) -> None:
+    """Two calls of one bucket launched back to back: each reads its own inputs and audio."""
+    gpu = tiny_decoder.to("cuda")
+    runner = DecoderRunner(gpu, max_batch=2, frame_buckets=(72,))
+    jobs = jobs_of_mixed_lengths(gpu.config.n_groups)
+    want = [runner.decode_jobs([job])[0] for job in jobs[:4]]
+    first, second = runner.start_jobs(jobs[:2]), runner.start_jobs(jobs[2:4])
+    second.wait_gpu()
+    assert first.ready() and second.ready()
+    got = first.result() + second.result()
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape and np.abs(a - b).max() <= 1e-4

@@ -110,6 +110,7 @@ def test_bench_engine_profiles_steps_on_request(tmp_path: Path) -> None:
         (["bench-decoder", "--batch-sizes", "0"], "--batch-sizes"),
         (["bench-decoder", "--modes", "fast"], "--modes"),
         (["bench-decoder", "--device", "cpu", "--modes", "triton"], "need a CUDA device"),
+        (["bench-decoder", "--device", "cpu", "--modes", "triton-pipelined"], "need a CUDA"),
         (["bench-engine", "--modes", "bogus"], "--modes"),
         (["bench-engine", "--kv-cache-dtypes", "int4"], "--kv-cache-dtypes"),
         (["bench", "--ramp", "inf"], "--ramp"),
@@ -161,3 +162,14 @@ def test_profile_steps_needs_a_step_and_counts_each_call() -> None:
     calls = []
     profiled = profile_steps(lambda: calls.append(torch.ones(8).sum()), 3)
     assert len(calls) == 3 and profiled.wall_ms > 0 and "aten::sum" in profiled.table
+
+
+def test_pipelined_calls_decode_every_call_and_free_their_buffers(tiny_decoder) -> None:
+    from fishserve.audio.decoder_runner import DecoderRunner
+    from fishserve.bench.decoder_speed import decode_pipelined, make_jobs
+
+    runner = DecoderRunner(tiny_decoder, max_batch=2, frame_buckets=(16,))
+    jobs = make_jobs(tiny_decoder, 2, [8])
+    decode_pipelined(runner, jobs, 5)
+    assert runner.calls == 5 and runner.jobs_decoded == 10
+    assert len(runner.decode_jobs(jobs)) == 2  # every call's buffers came back

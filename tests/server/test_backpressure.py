@@ -95,13 +95,13 @@ def test_timeout_also_while_waiting_for_the_decoder(tmp_path):
     config = tiny_server_config(tmp_path, request_timeout=1.0)
     with LiveServer(config) as live:
         runner = live.state.runtime.decode_worker.runner
-        slow, original = threading.Event(), runner.decode_jobs
+        slow, original = threading.Event(), runner.start_jobs
 
         def stuck(jobs):
             slow.wait(5)  # released at the end of the test
             return original(jobs)
 
-        runner.decode_jobs = stuck
+        runner.start_jobs = stuck
         try:
             start = time.monotonic()
             body = {"text": "Hi.", "max_new_tokens": 20, "ignore_eos": True}
@@ -110,7 +110,7 @@ def test_timeout_also_while_waiting_for_the_decoder(tmp_path):
             assert time.monotonic() - start < 2.0  # the decoder would take 5 s
         finally:
             slow.set()
-            runner.decode_jobs = original
+            runner.start_jobs = original
 
 
 def test_api_key(tmp_path):
@@ -186,7 +186,7 @@ def test_the_deadline_counts_from_arrival_not_from_the_end_of_the_upload(tmp_pat
     config = tiny_server_config(tmp_path, request_timeout=2.0)
     with LiveServer(config) as live:
         runner = live.state.runtime.decode_worker.runner
-        slow, original = threading.Event(), runner.decode_jobs
+        slow, original = threading.Event(), runner.start_jobs
 
         def stuck(jobs):
             slow.wait(8)
@@ -197,7 +197,7 @@ def test_the_deadline_counts_from_arrival_not_from_the_end_of_the_upload(tmp_pat
             time.sleep(1.5)
             yield b'"max_new_tokens": 20, "ignore_eos": true}'
 
-        runner.decode_jobs = stuck
+        runner.start_jobs = stuck
         try:
             start = time.monotonic()
             response = httpx.post(
@@ -211,7 +211,7 @@ def test_the_deadline_counts_from_arrival_not_from_the_end_of_the_upload(tmp_pat
             assert elapsed < 2.9  # counted from the body's end it would be >= 3.5 s
         finally:
             slow.set()
-            runner.decode_jobs = original
+            runner.start_jobs = original
 
 
 def test_a_client_gone_before_its_body_arrived_counts_as_cancelled(tmp_path):

@@ -19,6 +19,22 @@ from fishserve.audio.batching import DecodeJob
 from fishserve.server.decode_worker import DecodeWorker
 
 
+class DoneCall:
+    """A stand-in PendingDecode whose audio is ready when it is launched."""
+
+    def __init__(self, audio: list[np.ndarray]) -> None:
+        self.audio = audio
+
+    def ready(self) -> bool:
+        return True
+
+    def wait_gpu(self) -> None:
+        pass
+
+    def result(self) -> list[np.ndarray]:
+        return self.audio
+
+
 class GatedRunner:
     """A stand-in DecoderRunner: records each call's job tags; the first call waits on a gate."""
 
@@ -50,6 +66,9 @@ class GatedRunner:
             raise RuntimeError("decoder exploded")
         pairs = zip(jobs, tags, strict=True)
         return [np.full(job.new_frames, tag, dtype=np.float32) for job, tag in pairs]
+
+    def start_jobs(self, jobs: list[DecodeJob]) -> DoneCall:
+        return DoneCall(self.decode_jobs(jobs))
 
 
 def job(tag: int, frames: int = 3) -> DecodeJob:
@@ -500,3 +519,169 @@ def test_two_streams_chunks_close_together_are_not_held() -> None:
     second = worker.submit(job(2), deadline=later)
     assert first.result(0.8)[0] == 1 and second.result(0.8)[0] == 2  # not held for 1 s
     worker.shutdown()
+
+
+class StepCall:
+    """A stand-in PendingDecode whose GPU work ends when the test sets `done`."""
+
+    def __init__(self, runner: StepRunner, tags: list[int], audio: list[np.ndarray]) -> None:
+        self.runner, self.tags, self.audio = runner, tags, audio
+        self.done = threading.Event()
+
+    def ready(self) -> bool:
+        return self.done.is_set()
+
+    def wait_gpu(self) -> None:
+        assert self.done.wait(10)
+
+    def result(self) -> list[np.ndarray]:
+        self.wait_gpu()
+        self.runner.log.append(("result", self.tags))
+        self.runner.in_flight -= 1
+        if self.runner.fail_result in self.tags:
+            raise RuntimeError("readback exploded")
+        return self.audio
+
+
+class StepRunner(GatedRunner):
+    """A stand-in DecoderRunner whose calls run until the test ends them: logs each launch
+    and each readback, and the most calls in flight at once."""
+
+    def __init__(self, max_batch: int, auto_done: bool = False) -> None:
+        super().__init__(max_batch)
+        self.log: list[tuple[str, list[int]]] = []
+        self.launched: queue.SimpleQueue[StepCall] = queue.SimpleQueue()
+        self.fail_result: int | None = None
+        self.auto_done = auto_done
+        self.in_flight = self.most_in_flight = 0
+
+    def start_jobs(self, jobs: list[DecodeJob]) -> StepCall:  # type: ignore[override]
+        tags = [int(job.codes[0, 0]) for job in jobs]
+        self.log.append(("launch", tags))
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        pairs = zip(jobs, tags, strict=True)
+        audio = [np.full(job.new_frames, tag, dtype=np.float32) for job, tag in pairs]
+        call = StepCall(self, tags, audio)
+        if self.auto_done:
+            call.done.set()
+        self.launched.put(call)
+        return call
+
+    def decode_jobs(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
+        call = self.start_jobs(jobs)
+        call.done.set()
+        return call.result()
+
+    def next_call(self) -> StepCall:
+        return self.launched.get(timeout=5)
+
+    def no_launch(self) -> bool:
+        """True when nothing is launched within 0.2 s."""
+        try:
+            self.launched.get(timeout=0.2)
+        except queue.Empty:
+            return True
+        return False
+
+
+def test_the_next_call_launches_when_the_gpu_is_done_before_the_audio_is_handed_out() -> None:
+    runner = StepRunner(max_batch=4)
+    worker = DecodeWorker(runner)  # type: ignore[arg-type]
+    worker.start()
+    try:
+        first = worker.submit(job(1))
+        call_a = runner.next_call()
+        rest = [worker.submit(job(tag)) for tag in (2, 3)]  # less than a full call
+        assert runner.no_launch()  # they wait for the running call, to share the next one
+        call_a.done.set()
+        call_b = runner.next_call()
+        assert call_b.tags == [2, 3]
+        assert first.result(5)[0] == 1
+        call_b.done.set()
+        assert [f.result(5)[0] for f in rest] == [2, 3]
+    finally:
+        worker.shutdown()
+    assert runner.log == [("launch", [1]), ("launch", [2, 3]), ("result", [1]), ("result", [2, 3])]
+
+
+def test_a_full_call_queued_launches_behind_the_running_one_two_at_most() -> None:
+    runner = StepRunner(max_batch=2)
+    worker = DecodeWorker(runner)  # type: ignore[arg-type]
+    worker.start()
+    try:
+        futures = [worker.submit(job(1))]
+        call_a = runner.next_call()
+        futures += [worker.submit(job(tag)) for tag in (2, 3, 4, 5, 6)]
+        call_b = runner.next_call()
+        assert call_b.tags == [2, 3]  # launched while call A still runs
+        assert runner.no_launch()  # two in flight: no third
+        call_a.done.set()
+        call_c = runner.next_call()
+        assert call_c.tags == [4, 5]
+        runner.auto_done = True
+        call_b.done.set()
+        call_c.done.set()
+        assert [f.result(5)[0] for f in futures] == [1, 2, 3, 4, 5, 6]
+    finally:
+        worker.shutdown()
+    assert runner.most_in_flight == 2
+    assert runner.log[:4] == [
+        ("launch", [1]),
+        ("launch", [2, 3]),
+        ("result", [1]),
+        ("launch", [4, 5]),
+    ]
+
+
+def test_without_pipelining_a_call_launches_after_the_last_ones_audio() -> None:
+    runner = StepRunner(max_batch=2)
+    worker = DecodeWorker(runner, pipeline=False)  # type: ignore[arg-type]
+    assert worker.depth == 1
+    worker.start()
+    try:
+        futures = [worker.submit(job(1))]
+        call_a = runner.next_call()
+        futures += [worker.submit(job(tag)) for tag in (2, 3, 4)]  # a full call queued
+        assert runner.no_launch()
+        runner.auto_done = True
+        call_a.done.set()
+        assert [f.result(5)[0] for f in futures] == [1, 2, 3, 4]
+    finally:
+        worker.shutdown()
+    assert runner.most_in_flight == 1
+    assert runner.log[:3] == [("launch", [1]), ("result", [1]), ("launch", [2, 3])]
+
+
+def test_a_call_failing_at_readback_fails_only_the_bad_job() -> None:
+    runner = StepRunner(max_batch=4, auto_done=True)
+    runner.fail_result = 5
+    worker = DecodeWorker(runner)  # type: ignore[arg-type]
+    worker.start()
+    try:
+        worker.submit(job(0))
+        call_a = runner.next_call()
+        futures = {tag: worker.submit(job(tag)) for tag in (4, 5, 6)}  # one call of three
+        call_a.done.set()
+        with pytest.raises(RuntimeError, match="readback exploded"):
+            futures[5].result(5)
+        assert futures[4].result(5)[0] == 4 and futures[6].result(5)[0] == 6
+        assert worker.submit(job(7)).result(5)[0] == 7  # the thread is still alive
+    finally:
+        worker.shutdown()
+    assert ("launch", [4, 5, 6]) in runner.log and ("launch", [5]) in runner.log
+
+
+def test_shutdown_hands_out_the_audio_of_calls_in_flight() -> None:
+    runner = StepRunner(max_batch=2)
+    worker = DecodeWorker(runner)  # type: ignore[arg-type]
+    worker.start()
+    future = worker.submit(job(1))
+    call = runner.next_call()
+    stopper = threading.Thread(target=worker.shutdown)
+    stopper.start()
+    stopper.join(0.2)
+    assert stopper.is_alive()  # waits for the call in flight
+    call.done.set()
+    stopper.join(5)
+    assert not stopper.is_alive() and future.result(0)[0] == 1
