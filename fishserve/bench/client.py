@@ -31,6 +31,10 @@ class RequestRecord:
         status: "200", another HTTP status, or the failure kind ("timeout", "connect",
             "stream", "empty").
         ttfa_s: seconds from send to the first audio byte (queueing + prefill + first chunk).
+        sent_s: seconds from send to the request's last byte written to its connection: the
+            client's own wait for a pooled or new connection, not the server's work (the
+            server answers a streamed request's headers with its first audio, so its response
+            headers cannot tell the two apart). None when the request was never sent.
         latency_s: seconds from send to the last byte (or to the failure).
         audio_s: seconds of audio received.
         stall_s: extra start-up buffer (seconds) a player starting at the first audio byte
@@ -44,6 +48,7 @@ class RequestRecord:
     start_s: float
     status: str
     ttfa_s: float | None = None
+    sent_s: float | None = None
     latency_s: float = 0.0
     audio_s: float = 0.0
     stall_s: float | None = None
@@ -182,7 +187,16 @@ async def _stream(
     t0: float,
 ) -> None:
     url = target.url.rstrip("/") + target.path
-    async with client.stream("POST", url, json=body, headers=target.headers()) as response:
+
+    async def trace(event: str, info: dict[str, Any]) -> None:  # httpcore's request events
+        if event == "http11.send_request_body.complete":
+            record.sent_s = time.perf_counter() - t0
+
+    extensions = {"trace": trace}
+    headers = target.headers()
+    async with client.stream(
+        "POST", url, json=body, headers=headers, extensions=extensions
+    ) as response:
         record.status = str(response.status_code)
         if response.status_code != 200:
             text = (await response.aread()).decode(errors="replace")

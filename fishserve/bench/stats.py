@@ -36,6 +36,9 @@ class LevelSummary:
         errors: failed requests by status ("429", "503", "timeout", ...).
         duration_s: wall seconds from the level's first send to its last byte.
         latency_s, ttfa_s, rtf: percentiles over successful requests.
+        sent_s: percentiles of the client's own time to send a request (a pooled or new
+            connection and the upload; `RequestRecord.sent_s`) over successful requests: a
+            high value here is the load generator's or the network's part of TTFA.
         rtf_max: the worst real-time factor.
         requests_per_min: successful requests per minute of wall time.
         audio_s_per_s: seconds of audio delivered per wall second (all streams together).
@@ -77,6 +80,7 @@ class LevelSummary:
     decoder_frames_per_call: float | None = None
     decoder_frames_per_job: float | None = None
     mean_in_flight: float = 0.0
+    sent_s: dict[str, float | None] | None = None
 
 
 # Issue 8's capacity criteria: every stream real time without gaps, TTFA p99 within 300 ms;
@@ -164,4 +168,5 @@ def summarize(
         stalled_streams=sum(1 for r in good if (r.stall_s or 0.0) > 0.0),
         peak_gpu_bytes=peak_gpu_bytes,
         mean_in_flight=sum(r.latency_s for r in records) * rate,
+        sent_s=percentiles([r.sent_s for r in good if r.sent_s is not None]),
     )

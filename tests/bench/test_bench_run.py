@@ -63,8 +63,11 @@ def assert_clean(report: BenchReport, requests_per_level: int) -> None:
         assert summary.errors == {} and summary.ok == summary.requests == requests_per_level
         assert summary.latency_s["p50"] > 0 and summary.requests_per_min > 0
         assert summary.ttfa_s["p99"] <= summary.latency_s["p99"] + 1e-9
+        assert summary.sent_s is not None and summary.sent_s["p99"] is not None
     for record in report.requests:
         assert record.ok and record.audio_s == pytest.approx(EXPECTED_AUDIO_S)
+        # sent over a real connection before its first audio came back
+        assert record.sent_s is not None and 0 < record.sent_s < record.ttfa_s
 
 
 def test_concurrency_sweep_writes_a_clean_report(url, tmp_path):
