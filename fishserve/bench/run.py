@@ -8,8 +8,10 @@ server the run stops with an error instead of measuring connection failures.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -95,10 +97,17 @@ class BenchOptions:
 
 
 class BenchRun:
-    """One benchmark run against one server (state shared by the levels)."""
+    """One benchmark run against one server (state shared by the levels).
 
-    def __init__(self, opts: BenchOptions, client: httpx.AsyncClient, progress: Progress):
-        self.opts, self.client, self.progress = opts, client, progress
+    Requests go through `shards` clients in turn (request i through shard i mod n), the first
+    of which also reads the server's health and counters (see `bench`).
+    """
+
+    def __init__(
+        self, opts: BenchOptions, shards: list[httpx.AsyncClient], progress: Progress
+    ) -> None:
+        self.opts, self.shards, self.progress = opts, shards, progress
+        self.client = client = shards[0]
         self.target = opts.target()
         self.clock_zero = time.perf_counter()
         self.monitor = MemoryMonitor(
@@ -110,7 +119,8 @@ class BenchRun:
         item = self.opts.workload[index % len(self.opts.workload)]
         record = RequestRecord(index, level, item.category, 0.0, "pending")
         body = request_body(self.opts.shape, item, index)
-        return await send_request(self.client, self.target, body, record, self.clock_zero, t0)
+        client = self.shards[index % len(self.shards)]
+        return await send_request(client, self.target, body, record, self.clock_zero, t0)
 
     async def warm_up(self) -> None:
         """Send the warm-up requests one by one.
@@ -219,6 +229,12 @@ def make_progress(console: Console) -> Progress:
 
 
 KEEPALIVE_EXPIRY_S = 2.0
+# Requests in flight per HTTP client at most (on average): httpcore's connection pool scans
+# every connection, with a readability syscall each, whenever a request starts or ends, so one
+# pool for hundreds of streams blocked the load generator's event loop for 1-2 s at a time and
+# requests waited seconds to be sent (measured against a stand-in server on the CPU at 384
+# streams: send time p90 8 s; docs/benchmarks.md §6.14).
+REQUESTS_PER_CLIENT = 32
 
 
 async def bench(opts: BenchOptions, progress: Progress) -> BenchReport:
@@ -226,15 +242,22 @@ async def bench(opts: BenchOptions, progress: Progress) -> BenchReport:
     peak = max(opts.levels) if opts.mode == "concurrency" else opts.max_inflight
     # Idle connections expire before the server's keep-alive timeout (uvicorn: 5 s): reusing
     # one the server has just closed fails with a ReadError before the request is sent.
+    per_client = min(REQUESTS_PER_CLIENT, int(peak))
     limits = httpx.Limits(
-        max_connections=int(peak) + 4,
-        max_keepalive_connections=int(peak) + 4,
+        max_connections=None,  # the load pattern bounds the requests in flight
+        max_keepalive_connections=per_client + 4,
         keepalive_expiry=KEEPALIVE_EXPIRY_S,
     )
     timeout = httpx.Timeout(opts.timeout_s, connect=10.0)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    count = max(1, math.ceil(peak / REQUESTS_PER_CLIENT))
+    async with contextlib.AsyncExitStack() as stack:
+        shards = [
+            await stack.enter_async_context(httpx.AsyncClient(timeout=timeout, limits=limits))
+            for _ in range(count)
+        ]
+        client = shards[0]
         health = await read_health(client, opts.url)
-        run = BenchRun(opts, client, progress)
+        run = BenchRun(opts, shards, progress)
         await run.warm_up()
         run.monitor.start(run.clock_zero)
         levels, records = [], []

@@ -111,3 +111,22 @@ def test_cli_bench_runs_and_unreachable_server_exits_2(url, tmp_path):
     dead = f"http://127.0.0.1:{free_port()}"
     result = CliRunner().invoke(app, ["bench", "--url", dead, "--output-dir", str(tmp_path / "x")])
     assert result.exit_code == 2 and "cannot reach" in result.output
+
+
+def test_requests_spread_over_several_http_clients(url, tmp_path, monkeypatch):
+    """Above `REQUESTS_PER_CLIENT` streams the requests go through several clients (one pool
+    for hundreds of streams stalled the load generator), and the run stays clean."""
+    import fishserve.bench.run as run_module
+
+    used: list[int] = []
+    send = run_module.send_request
+
+    async def counting(client, *args, **kwargs):
+        used.append(id(client))
+        return await send(client, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "REQUESTS_PER_CLIENT", 2)
+    monkeypatch.setattr(run_module, "send_request", counting)
+    report = run_bench(options(url, tmp_path, levels=[3]), Console(quiet=True))
+    assert_clean(report, 6)
+    assert len(set(used)) == 2  # ceil(3 / 2) clients, each used
