@@ -14,7 +14,9 @@ from fishserve.bench.stats import FAST_RTF, TTFA_P99_LIMIT_S, LevelSummary, capa
 GiB = 2**30
 DEFINITIONS = (
     "TTFA: seconds from send (Poisson: scheduled arrival) to the first audio byte, queueing "
-    "included. Latency: to the last byte. RTF = latency / audio seconds (<= 1 is faster than "
+    "included. Send p99: the load generator's own time to get a connection and write a "
+    "request (high: the client, not the server, delayed TTFA). Latency: to the last byte. "
+    "RTF = latency / audio seconds (<= 1 is faster than "
     "real time). Real-time: every successful stream had RTF <= 1. Stalled: streams that fell "
     "behind a player started at their first byte. Throughput counts successful requests over "
     "the level's wall time; frames/s = audio s/s x frames per audio second. Peak GPU: "
@@ -83,6 +85,7 @@ def level_row(summary: LevelSummary) -> str:
         _errors(summary.errors),
         _triple(summary.latency_s),
         _triple(summary.ttfa_s),
+        _num((summary.sent_s or {}).get("p99"), 3),
         _num(summary.requests_per_min, 1),
         _num(summary.audio_s_per_s),
         _num(summary.frames_per_s, 1),
@@ -101,10 +104,11 @@ def markdown_table(levels: list[LevelSummary], level_name: str) -> str:
     """The summary table, one row per level."""
     header = (
         f"| {level_name} | requests | ok | errors | latency s p50/p90/p99 | "
-        "TTFA s p50/p90/p99 | req/min | audio s/s | frames/s | RTF p90 | real-time | stalled | "
+        "TTFA s p50/p90/p99 | send s p99 | req/min | audio s/s | frames/s | RTF p90 | "
+        "real-time | stalled | "
         "peak GPU GiB | decoder frames/s | GPU busy LLM / decoder | steps/s / frames per step |"
     )
-    rule = "|" + "---|" * 16
+    rule = "|" + "---|" * 17
     return "\n".join([header, rule, *(level_row(s) for s in levels)])
 
 

@@ -9,13 +9,14 @@ from fishserve.bench.stats import capacity, serves_realtime, summarize
 
 def test_table_shows_errors_real_time_and_peak_memory():
     records = [
-        RequestRecord(0, 8, "x", 0.0, "200", ttfa_s=0.5, latency_s=3.0, audio_s=2.0),
+        RequestRecord(0, 8, "x", 0.0, "200", ttfa_s=0.5, sent_s=0.25, latency_s=3.0, audio_s=2.0),
         RequestRecord(1, 8, "x", 0.0, "429", latency_s=0.1),
         RequestRecord(2, 8, "x", 0.0, "429", latency_s=0.1),
     ]
     table = markdown_table([summarize(8, records, 21.5, peak_gpu_bytes=3 * 2**30)], "concurrency")
     header, rule, row = table.splitlines()
-    assert header.count("|") == rule.count("|") == row.count("|") == 17
+    assert header.count("|") == rule.count("|") == row.count("|") == 18
+    assert "| 0.50 / 0.50 / 0.50 | 0.250 |" in row  # TTFA, then the client's own send time
     assert "| 8 | 3 | 1 | 429: 2 |" in row
     # no server counters (a peer server): decoder, GPU busy and step columns are empty
     assert "no (max 1.50)" in row and row.endswith("| 3.00 | - | - / - | - / - |")
