@@ -479,6 +479,12 @@ class DecoderRunner:
         finally:
             self._free_slots.append(slot)
 
+    @property
+    def launches_async(self) -> bool:
+        """Whether `start_jobs` returns before the call's work is done (CUDA), so that
+        pipelining calls overlaps them with the host's work; on the CPU it decodes at once."""
+        return self.stream is not None
+
     def _release(self, slot: _Slot) -> None:
         """A call's result was taken: its buffers may serve another call."""
         self._free_slots.append(slot)

@@ -29,7 +29,10 @@ Now the worker launches the next call as soon as the GPU has finished the last o
 up the finished call's audio while the next one runs. With a full call's worth of jobs
 queued it launches the next call even before the running one ends (at most `MAX_IN_FLIGHT`
 calls in flight), so a backlogged decoder never waits for the host; with fewer jobs queued it
-waits for the running call to end, so late arrivals still join the next call.
+waits for the running call to end, so late arrivals still join the next call. A runner that
+decodes inside `start_jobs` (the CPU's) is not pipelined: there, launching the next call first
+would hold the finished call's audio back for the whole next call. An error seen while waiting
+for a call's GPU work fails that call's jobs (when its result is read), not the thread.
 
 Shutdown: jobs queued before `shutdown` are still decoded; a job submitted after it fails at
 once, and any job left over when the thread ends (or that never ran because the thread never
@@ -102,7 +105,8 @@ class DecodeWorker:
             window, see the module docstring); 0: decode whatever is queued at once.
         pipeline: launch the next call before the last one's audio is cut up, and with a full
             call queued before the last one ends (module docstring); ignored with
-            `gpu_turns`, whose calls run one at a time between steps.
+            `gpu_turns`, whose calls run one at a time between steps, and with a runner that
+            decodes inside `start_jobs` (the CPU's: `launches_async` False).
 
     Raises:
         ValueError: `batch_wait` outside [0, `MAX_BATCH_WAIT_S`] (or NaN).
@@ -125,7 +129,10 @@ class DecodeWorker:
         self._lag = 0.0
         self._recent: deque[float] = deque(maxlen=BUSY_JOBS)  # the last submission times
         self.max_batch = runner.max_batch
-        self.depth = MAX_IN_FLIGHT if pipeline and gpu_turns is None else 1
+        # A synchronous runner (the CPU's) decodes inside start_jobs: launching the next call
+        # first would hold the finished call's audio back for a whole call.
+        overlaps = runner.launches_async
+        self.depth = MAX_IN_FLIGHT if pipeline and gpu_turns is None and overlaps else 1
         self._inflight: deque[_Call] = deque()  # launched calls, oldest first
         self._inbox: queue.SimpleQueue[_Item | _Wake | None] = queue.SimpleQueue()
         # Pipelined: a second thread waits for each launched call's GPU work and wakes the
@@ -278,7 +285,7 @@ class DecodeWorker:
 
     def _gpu_busy(self) -> bool:
         """Whether a launched call's GPU work is still running (never blocks)."""
-        return any(not call.ready() for call, _, _ in self._inflight)
+        return any(not _ready(call) for call, _, _ in self._inflight)
 
     def _launch_next(self) -> bool:
         """Launch the next call from the queue (in the GPU turn); True on the stop sentinel."""
@@ -286,18 +293,20 @@ class DecodeWorker:
             stopping = self._drain()  # what arrived during the wait competes too
             self._launch(self._take_batch())
             if self.gpu_turns is not None and self._inflight:  # the turn covers the GPU work
-                self._inflight[-1][0].wait_gpu()
+                with contextlib.suppress(Exception):  # `_finish` sees it again in `result`
+                    self._inflight[-1][0].wait_gpu()
         return stopping
 
     def _advance(self) -> bool:
         """Hand the oldest call's audio out if its GPU work is done; else wait for that, or
         (pipelined) for a new job, whichever comes first. True on the stop sentinel."""
         call = self._inflight[0][0]
-        if call.ready():
+        if _ready(call):
             self._finish(self._inflight.popleft())
             return False
         if self.depth == 1:
-            call.wait_gpu()
+            with contextlib.suppress(Exception):  # `_finish` sees it again in `result`
+                call.wait_gpu()
             return False
         # then the loop launches the next call before this one's audio is cut up
         return self._take(self._inbox.get())
@@ -454,6 +463,15 @@ class DecodeWorker:
             fut.set_exception(exc)
             return
         fut.set_result(samples)
+
+
+def _ready(call: PendingDecode) -> bool:
+    """`call.ready()`, True where it raises: the call's error then comes from `result()`,
+    where `_finish` fails only that call's jobs, instead of ending the thread."""
+    try:
+        return call.ready()
+    except Exception:
+        return True
 
 
 def _fail_unfinished(live: list[tuple[DecodeJob, Future[np.ndarray]]]) -> None:

@@ -40,6 +40,7 @@ class GatedRunner:
 
     def __init__(self, max_batch: int, fail_tag: int | None = None) -> None:
         self.device = SimpleNamespace(type="cpu")
+        self.launches_async = False  # decodes inside start_jobs, as the CPU's runner does
         self.max_batch = max_batch
         self.calls: list[list[int]] = []
         self.gate = threading.Event()
@@ -549,6 +550,7 @@ class StepRunner(GatedRunner):
 
     def __init__(self, max_batch: int, auto_done: bool = False) -> None:
         super().__init__(max_batch)
+        self.launches_async = True
         self.log: list[tuple[str, list[int]]] = []
         self.launched: queue.SimpleQueue[StepCall] = queue.SimpleQueue()
         self.fail_result: int | None = None
@@ -685,3 +687,73 @@ def test_shutdown_hands_out_the_audio_of_calls_in_flight() -> None:
     call.done.set()
     stopper.join(5)
     assert not stopper.is_alive() and future.result(0)[0] == 1
+
+
+class SyncRunner(GatedRunner):
+    """A stand-in for the CPU's runner: `start_jobs` decodes before it returns (slowly)."""
+
+    def __init__(self) -> None:
+        super().__init__(max_batch=4)
+        self.gate.set()
+        self.watch: Future[np.ndarray] | None = None
+        self.watched_done_at_launch: list[bool] = []
+
+    def start_jobs(self, jobs: list[DecodeJob]) -> DoneCall:
+        if self.watch is not None and int(jobs[0].codes[0, 0]) != 1:  # a call after job 1's
+            self.watched_done_at_launch.append(self.watch.done())
+        time.sleep(0.2)
+        return super().start_jobs(jobs)
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_a_synchronous_runner_hands_out_a_call_before_the_next_one(pipeline: bool) -> None:
+    """Launching first would hold a CPU call's audio back for the whole next call."""
+    runner = SyncRunner()
+    worker = DecodeWorker(runner, pipeline=pipeline)  # type: ignore[arg-type]
+    assert worker.depth == 1
+    worker.start()
+    try:
+        first = worker.submit(job(1))
+        runner.watch = first
+        time.sleep(0.05)  # inside call 1
+        second = worker.submit(job(2))
+        assert second.result(5)[0] == 2 and first.result(0)[0] == 1
+    finally:
+        worker.shutdown()
+    assert runner.watched_done_at_launch == [True]
+
+
+class BadSyncCall(StepCall):
+    """A call whose GPU sync raises (a CUDA error seen by the event query or wait)."""
+
+    def ready(self) -> bool:
+        if 9 in self.tags:
+            raise RuntimeError("CUDA error reported by cudaEventQuery")
+        return super().ready()
+
+    def wait_gpu(self) -> None:
+        if 9 in self.tags:
+            raise RuntimeError("CUDA error reported by cudaEventSynchronize")
+        super().wait_gpu()
+
+
+class BadSyncRunner(StepRunner):
+    def start_jobs(self, jobs: list[DecodeJob]) -> StepCall:  # type: ignore[override]
+        call = super().start_jobs(jobs)
+        bad = BadSyncCall(self, call.tags, call.audio)
+        bad.done.set()
+        return bad
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_an_error_at_the_gpu_sync_fails_its_call_not_the_thread(pipeline: bool) -> None:
+    runner = BadSyncRunner(max_batch=2, auto_done=True)
+    worker = DecodeWorker(runner, pipeline=pipeline)  # type: ignore[arg-type]
+    worker.start()
+    try:
+        with pytest.raises(RuntimeError, match="CUDA error"):
+            worker.submit(job(9)).result(5)
+        assert worker.alive
+        assert worker.submit(job(1)).result(5)[0] == 1
+    finally:
+        worker.shutdown()
