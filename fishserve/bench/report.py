@@ -133,10 +133,33 @@ def markdown_report(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
-def capacity_lines(report: BenchReport) -> list[str]:
-    """The capacity verdict: largest level that stays real time (closed-loop runs only)."""
-    if report.meta.get("mode") != "concurrency":
+# A load generator that takes longer than this to send a request (send p99, seconds) is itself
+# part of what it measures (docs/benchmarks.md §6.14: 1-7 s with one connection pool for 384
+# streams, ~0.01-0.03 s with a client per 32).
+CLIENT_SEND_LIMIT_S = 0.1
+
+
+def client_lines(levels: list[LevelSummary]) -> list[str]:
+    """A warning naming the levels where the load generator was slow to send requests."""
+    slow = [
+        f"{s.level:g} ({p99:.2f} s)"
+        for s in levels
+        if (p99 := (s.sent_s or {}).get("p99")) is not None and p99 > CLIENT_SEND_LIMIT_S
+    ]
+    if not slow:
         return []
+    return [
+        f"- **load generator**: its send time p99 exceeded {CLIENT_SEND_LIMIT_S:g} s at "
+        f"{', '.join(slow)}: TTFA and stalls there include its own delays, not only the "
+        "server's (give it more CPU, another machine, or split the streams over processes)"
+    ]
+
+
+def capacity_lines(report: BenchReport) -> list[str]:
+    """The capacity verdict: largest level that stays real time (closed-loop runs only),
+    and a warning for levels where the load generator itself was slow (`client_lines`)."""
+    if report.meta.get("mode") != "concurrency":
+        return client_lines(report.levels)
     cap = capacity(report.levels)
     by_level = {s.level: s for s in report.levels}
 
@@ -154,6 +177,7 @@ def capacity_lines(report: BenchReport) -> list[str]:
         f"- **capacity (real time)**: {name(cap['realtime'])} ({rule})",
         f"- **capacity (RTF <= {FAST_RTF})**: {name(cap['rtf_0.5'])} (the same, and every "
         f"stream at RTF <= {FAST_RTF})",
+        *client_lines(report.levels),
     ]
 
 

@@ -87,3 +87,20 @@ def test_server_rates_from_two_metrics_reads():
     assert got.decoder_busy is None  # not exported by this server
     assert abs(got.full_sort_share - 0.1) < 1e-12  # 100 of 1,000 frames
     assert rates({}, after, 2.0).frames_per_step is None  # a server without the counters
+
+
+def test_the_verdict_names_levels_where_the_load_generator_was_slow_to_send():
+    from fishserve.bench.report import BenchReport, capacity_lines
+
+    def at(n: int, sent: float):
+        records = [
+            RequestRecord(i, n, "x", 0.0, "200", ttfa_s=0.2, sent_s=sent, latency_s=5, audio_s=10)
+            for i in range(n)
+        ]
+        return summarize(n, records, 21.5)
+
+    meta = {"mode": "concurrency"}
+    quick = capacity_lines(BenchReport(meta, [at(8, 0.01), at(16, 0.02)], [], []))
+    assert len(quick) == 2 and not any("load generator" in line for line in quick)
+    slow = capacity_lines(BenchReport(meta, [at(8, 0.01), at(16, 2.5)], [], []))
+    assert "load generator" in slow[-1] and "16 (2.50 s)" in slow[-1] and "8 (" not in slow[-1]
