@@ -8,6 +8,8 @@ caller's fallback (OpenAI's `pcm` is documented as 24 kHz).
 
 from __future__ import annotations
 
+import contextlib
+import math
 import struct
 import time
 from dataclasses import dataclass
@@ -222,3 +224,32 @@ async def _stream(
 def _fail(record: RequestRecord, kind: str, exc: Exception) -> None:
     record.status = kind
     record.error = f"{type(exc).__name__}: {exc}"[:200]
+
+
+KEEPALIVE_EXPIRY_S = 2.0
+# Requests in flight per HTTP client at most (on average): httpcore's connection pool scans
+# every connection, with a readability syscall each, whenever a request starts or ends, so one
+# pool for hundreds of streams blocked the load generator's event loop for 1-2 s at a time and
+# requests waited seconds to be sent (measured against a stand-in server on the CPU at 384
+# streams: send time p90 8 s; docs/benchmarks.md §6.14).
+REQUESTS_PER_CLIENT = 32
+
+
+async def open_clients(
+    stack: contextlib.AsyncExitStack, peak: int, timeout_s: float
+) -> list[httpx.AsyncClient]:
+    """HTTP clients for `peak` requests in flight, one per `REQUESTS_PER_CLIENT` (at least
+    one), closed with `stack`; request i should go through client i mod their number."""
+    # Idle connections expire before the server's keep-alive timeout (uvicorn: 5 s): reusing
+    # one the server has just closed fails with a ReadError before the request is sent.
+    limits = httpx.Limits(
+        max_connections=None,  # the load pattern bounds the requests in flight
+        max_keepalive_connections=min(REQUESTS_PER_CLIENT, max(1, peak)) + 4,
+        keepalive_expiry=KEEPALIVE_EXPIRY_S,
+    )
+    timeout = httpx.Timeout(timeout_s, connect=10.0)
+    count = max(1, math.ceil(peak / REQUESTS_PER_CLIENT))
+    return [
+        await stack.enter_async_context(httpx.AsyncClient(timeout=timeout, limits=limits))
+        for _ in range(count)
+    ]

@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 import functools
 import logging
-import math
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,14 +29,15 @@ from rich.progress import (
 )
 
 import fishserve
-from fishserve.bench.client import RequestRecord, Target, send_request
-from fishserve.bench.load import LevelPlan, run_closed_loop, run_poisson
+from fishserve.bench.client import RequestRecord, Target, open_clients
+from fishserve.bench.load import DoneFn, LevelPlan, run_closed_loop, run_poisson
 from fishserve.bench.memory import MemoryMonitor, MemorySource, read_health
 from fishserve.bench.plots import write_plots
 from fishserve.bench.report import BenchReport, capacity_lines, markdown_table, write_report
 from fishserve.bench.server_counters import rates, read_counters
+from fishserve.bench.shares import run_share, send_indexed, share_pool
 from fishserve.bench.stats import LevelSummary, summarize
-from fishserve.bench.workload import RequestShape, WorkItem, request_body
+from fishserve.bench.workload import RequestShape, WorkItem
 
 # 44100 Hz / 2048 samples per code frame (Firefly decoder of Fish Speech 1.5).
 RELEASE_FRAME_RATE = 44100 / 2048
@@ -55,6 +56,8 @@ class BenchOptions:
         frame_rate: audio frames per audio second (for frames/s).
         gpu_index: GPU polled through NVML/nvidia-smi when health has no memory data.
         ramp_s: closed loop: spread the workers' first requests over this many seconds.
+        processes: load-generator processes; each level's load is split among them
+            (`fishserve.bench.shares`); 1 sends everything from this process.
     """
 
     url: str
@@ -77,6 +80,7 @@ class BenchOptions:
     workload_name: str = "builtin"
     label: str = ""
     output_dir: Path = Path("bench_out")
+    processes: int = 1
 
     @property
     def level_name(self) -> str:
@@ -100,13 +104,18 @@ class BenchRun:
     """One benchmark run against one server (state shared by the levels).
 
     Requests go through `shards` clients in turn (request i through shard i mod n), the first
-    of which also reads the server's health and counters (see `bench`).
+    of which also reads the server's health and counters (see `bench`); with a `pool`, each
+    level's requests are sent by its processes instead (`fishserve.bench.shares`).
     """
 
     def __init__(
-        self, opts: BenchOptions, shards: list[httpx.AsyncClient], progress: Progress
+        self,
+        opts: BenchOptions,
+        shards: list[httpx.AsyncClient],
+        progress: Progress,
+        pool: ProcessPoolExecutor | None = None,
     ) -> None:
-        self.opts, self.shards, self.progress = opts, shards, progress
+        self.opts, self.shards, self.progress, self.pool = opts, shards, progress, pool
         self.client = client = shards[0]
         self.target = opts.target()
         self.clock_zero = time.perf_counter()
@@ -116,11 +125,26 @@ class BenchRun:
 
     async def send(self, level: float, index: int, t0: float | None) -> RequestRecord:
         """Request `index` of a level."""
-        item = self.opts.workload[index % len(self.opts.workload)]
-        record = RequestRecord(index, level, item.category, 0.0, "pending")
-        body = request_body(self.opts.shape, item, index)
-        client = self.shards[index % len(self.shards)]
-        return await send_request(client, self.target, body, record, self.clock_zero, t0)
+        return await send_indexed(
+            self.opts, self.shards, self.target, level, index, self.clock_zero, t0
+        )
+
+    async def send_from_pool(self, level: float, done: DoneFn) -> list[RequestRecord]:
+        """One level's requests, sent by the pool's processes; its records in index order."""
+        assert self.pool is not None
+        loop, shares = asyncio.get_running_loop(), self.opts.processes
+        parts = await asyncio.gather(
+            *(
+                loop.run_in_executor(
+                    self.pool, run_share, self.opts, level, k, shares, self.clock_zero
+                )
+                for k in range(shares)
+            )
+        )
+        records = sorted((r for part in parts for r in part), key=lambda r: r.index)
+        for record in records:
+            done(record)
+        return records
 
     async def warm_up(self) -> None:
         """Send the warm-up requests one by one.
@@ -149,7 +173,9 @@ class BenchRun:
         self.monitor.level = level
         counters, started = await read_counters(self.client, opts.url), time.perf_counter()
         send = functools.partial(self.send, level)
-        if opts.mode == "concurrency":
+        if self.pool is not None:
+            records = await self.send_from_pool(level, done)
+        elif opts.mode == "concurrency":
             records = await run_closed_loop(plan, send, done)
         else:
             seed = opts.shape.seed + int(level * 1000)
@@ -228,36 +254,17 @@ def make_progress(console: Console) -> Progress:
     )
 
 
-KEEPALIVE_EXPIRY_S = 2.0
-# Requests in flight per HTTP client at most (on average): httpcore's connection pool scans
-# every connection, with a readability syscall each, whenever a request starts or ends, so one
-# pool for hundreds of streams blocked the load generator's event loop for 1-2 s at a time and
-# requests waited seconds to be sent (measured against a stand-in server on the CPU at 384
-# streams: send time p90 8 s; docs/benchmarks.md §6.14).
-REQUESTS_PER_CLIENT = 32
-
-
 async def bench(opts: BenchOptions, progress: Progress) -> BenchReport:
     """Run every level against the server and return the report (nothing written)."""
     peak = max(opts.levels) if opts.mode == "concurrency" else opts.max_inflight
-    # Idle connections expire before the server's keep-alive timeout (uvicorn: 5 s): reusing
-    # one the server has just closed fails with a ReadError before the request is sent.
-    per_client = min(REQUESTS_PER_CLIENT, int(peak))
-    limits = httpx.Limits(
-        max_connections=None,  # the load pattern bounds the requests in flight
-        max_keepalive_connections=per_client + 4,
-        keepalive_expiry=KEEPALIVE_EXPIRY_S,
-    )
-    timeout = httpx.Timeout(opts.timeout_s, connect=10.0)
-    count = max(1, math.ceil(peak / REQUESTS_PER_CLIENT))
+    if opts.processes > 1:  # the share processes have clients of their own
+        peak = 1
     async with contextlib.AsyncExitStack() as stack:
-        shards = [
-            await stack.enter_async_context(httpx.AsyncClient(timeout=timeout, limits=limits))
-            for _ in range(count)
-        ]
+        shards = await open_clients(stack, int(peak), opts.timeout_s)
+        pool = stack.enter_context(share_pool(opts.processes)) if opts.processes > 1 else None
         client = shards[0]
         health = await read_health(client, opts.url)
-        run = BenchRun(opts, shards, progress)
+        run = BenchRun(opts, shards, progress, pool)
         await run.warm_up()
         run.monitor.start(run.clock_zero)
         levels, records = [], []
@@ -282,6 +289,8 @@ def run_bench(opts: BenchOptions, console: Console) -> BenchReport:
         raise ValueError(f"levels must be positive numbers, got {opts.levels}")
     if opts.mode == "concurrency" and any(level != int(level) for level in opts.levels):
         raise ValueError(f"concurrency levels must be whole numbers, got {opts.levels}")
+    if opts.processes < 1:
+        raise ValueError(f"processes must be at least 1, got {opts.processes}")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per request
     with make_progress(console) as progress:
         report = asyncio.run(bench(opts, progress))

@@ -86,6 +86,15 @@ def bench(
         float, typer.Option(help="Audio frames per second, for frames/s (44100/2048).")
     ] = 44100 / 2048,
     max_inflight: Annotated[int, typer.Option(min=1, help="Poisson: open requests cap.")] = 1024,
+    processes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=64,
+            help="Load-generator processes, each sending its share of every level (one "
+            "process handles a few hundred streams; give several for ~1,000).",
+        ),
+    ] = 1,
     memory_source: Annotated[
         str, typer.Option(help="auto, health, nvml, nvidia-smi or none.")
     ] = "auto",
@@ -134,6 +143,7 @@ def bench(
         sample_rate=sample_rate,
         frame_rate=frame_rate,
         max_inflight=max_inflight,
+        processes=processes,
         api_key=api_key,
         poll_interval_s=poll_interval,
         label=label,

@@ -116,17 +116,43 @@ def test_cli_bench_runs_and_unreachable_server_exits_2(url, tmp_path):
 def test_requests_spread_over_several_http_clients(url, tmp_path, monkeypatch):
     """Above `REQUESTS_PER_CLIENT` streams the requests go through several clients (one pool
     for hundreds of streams stalled the load generator), and the run stays clean."""
-    import fishserve.bench.run as run_module
+    import fishserve.bench.client as client_module
+    import fishserve.bench.shares as shares_module
 
     used: list[int] = []
-    send = run_module.send_request
+    send = shares_module.send_request
 
     async def counting(client, *args, **kwargs):
         used.append(id(client))
         return await send(client, *args, **kwargs)
 
-    monkeypatch.setattr(run_module, "REQUESTS_PER_CLIENT", 2)
-    monkeypatch.setattr(run_module, "send_request", counting)
+    monkeypatch.setattr(client_module, "REQUESTS_PER_CLIENT", 2)
+    monkeypatch.setattr(shares_module, "send_request", counting)
     report = run_bench(options(url, tmp_path, levels=[3]), Console(quiet=True))
     assert_clean(report, 6)
     assert len(set(used)) == 2  # ceil(3 / 2) clients, each used
+
+
+def test_several_processes_send_each_levels_share_of_the_requests(url, tmp_path):
+    """Two load processes: every request of the level once, each with its one-process text."""
+    report = run_bench(options(url, tmp_path, levels=[3], processes=2), Console(quiet=True))
+    assert_clean(report, 6)
+    assert sorted(r.index for r in report.requests) == list(range(6))
+    workload = builtin_workload(("short",), ("en", "zh"))
+    for record in report.requests:
+        assert record.category == workload[record.index % len(workload)].category
+    assert report.levels[0].mean_in_flight > 0
+
+
+def test_shares_split_levels_and_requests_evenly():
+    from fishserve.bench.shares import share_counts, share_plan
+
+    assert share_counts(7, 3) == [3, 2, 2] and share_counts(2, 4) == [1, 1, 0, 0]
+    with pytest.raises(ValueError):
+        share_counts(5, 0)
+    opts = options("http://127.0.0.1:1", Path("."), num_requests=10, ramp_s=4.0)
+    plans = [share_plan(opts, 5, k, 2) for k in range(2)]
+    assert [(p.level, p.num_requests) for p in plans] == [(3, 5), (2, 5)]
+    assert all(p.ramp_s == 4.0 and p.duration_s == opts.duration_s for p in plans)
+    poisson = options("http://127.0.0.1:1", Path("."), mode="poisson", num_requests=9)
+    assert share_plan(poisson, 6.0, 1, 3).level == 2.0
