@@ -236,10 +236,8 @@ class PendingDecode:
         runner: DecoderRunner,
         slot: _Slot,
         cut: Callable[[np.ndarray], list[np.ndarray]],
-        jobs: int,
     ) -> None:
         self._runner, self._slot, self._cut = runner, slot, cut
-        self.jobs = jobs
         self._done = False
         # the call's own event: the slot's is recorded again by a later call once this one's
         # result is taken, and another thread may still be waiting on this call then
@@ -443,11 +441,7 @@ class DecoderRunner:
         if not 1 <= len(jobs) <= self.max_batch:
             raise ValueError(f"a decoder call takes 1 to {self.max_batch} jobs, got {len(jobs)}")
         check_groups(jobs, self.config.n_groups)
-        if not self._free_slots:
-            raise RuntimeError(
-                f"{MAX_IN_FLIGHT} decoder calls are in flight: take a result before the next"
-            )
-        slot = self._free_slots.pop()
+        slot = self._take_slot()
         try:
             if self.trim_context is not None:
                 cut = self._launch_tails(jobs, slot)
@@ -459,7 +453,7 @@ class DecoderRunner:
         self.calls += 1
         self.frames_decoded += sum(job.new_frames for job in jobs)
         self.jobs_decoded += len(jobs)
-        return PendingDecode(self, slot, cut, len(jobs))
+        return PendingDecode(self, slot, cut)
 
     def decode_padded(self, codes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """``(B, G, L)`` int64 codes and ``(B,)`` lengths -> ``(B, L * frame_samples)`` float32.
@@ -469,9 +463,7 @@ class DecoderRunner:
         Raises:
             RuntimeError: `MAX_IN_FLIGHT` calls of `start_jobs` are in flight.
         """
-        if not self._free_slots:
-            raise RuntimeError(f"{MAX_IN_FLIGHT} decoder calls are in flight")
-        slot = self._free_slots.pop()
+        slot = self._take_slot()
         try:
             width = codes.shape[2] * self.config.frame_samples
             self._launch_padded_codes(codes, lengths, slot)
@@ -484,6 +476,14 @@ class DecoderRunner:
         """Whether `start_jobs` returns before the call's work is done (CUDA), so that
         pipelining calls overlaps them with the host's work; on the CPU it decodes at once."""
         return self.stream is not None
+
+    def _take_slot(self) -> _Slot:
+        """Buffers for one more call in flight (RuntimeError when `MAX_IN_FLIGHT` are)."""
+        if not self._free_slots:
+            raise RuntimeError(
+                f"{MAX_IN_FLIGHT} decoder calls are in flight: take a result before the next"
+            )
+        return self._free_slots.pop()
 
     def _release(self, slot: _Slot) -> None:
         """A call's result was taken: its buffers may serve another call."""
