@@ -30,12 +30,12 @@ from rich.progress import (
 
 import fishserve
 from fishserve.bench.client import RequestRecord, Target, open_clients
-from fishserve.bench.load import DoneFn, LevelPlan, run_closed_loop, run_poisson
+from fishserve.bench.load import DoneFn
 from fishserve.bench.memory import MemoryMonitor, MemorySource, read_health
 from fishserve.bench.plots import write_plots
 from fishserve.bench.report import BenchReport, capacity_lines, markdown_table, write_report
 from fishserve.bench.server_counters import rates, read_counters
-from fishserve.bench.shares import run_share, send_indexed, share_pool
+from fishserve.bench.shares import run_load, run_share, send_indexed, share_plan, share_pool
 from fishserve.bench.stats import LevelSummary, summarize
 from fishserve.bench.workload import RequestShape, WorkItem
 
@@ -159,7 +159,7 @@ class BenchRun:
     async def run_level(self, level: float) -> tuple[LevelSummary, list[RequestRecord]]:
         """Run one level with its progress bar."""
         opts = self.opts
-        plan = LevelPlan(level, opts.requests_for(level), opts.duration_s, opts.ramp_s)
+        plan = share_plan(opts, level, 0, 1)
         task = self.progress.add_task(
             f"{opts.level_name} {level:g}", total=plan.num_requests, errors=0
         )
@@ -172,14 +172,10 @@ class BenchRun:
 
         self.monitor.level = level
         counters, started = await read_counters(self.client, opts.url), time.perf_counter()
-        send = functools.partial(self.send, level)
         if self.pool is not None:
             records = await self.send_from_pool(level, done)
-        elif opts.mode == "concurrency":
-            records = await run_closed_loop(plan, send, done)
         else:
-            seed = opts.shape.seed + int(level * 1000)
-            records = await run_poisson(plan, send, done, seed, opts.max_inflight)
+            records = await run_load(opts, level, plan, functools.partial(self.send, level), done)
         await self.monitor.poll(self.clock_zero)  # at least one sample per level
         self.monitor.level = None
         self.progress.update(task, total=len(records))
@@ -256,9 +252,9 @@ def make_progress(console: Console) -> Progress:
 
 async def bench(opts: BenchOptions, progress: Progress) -> BenchReport:
     """Run every level against the server and return the report (nothing written)."""
+    # with several processes, theirs send the requests; this one reads health and counters
     peak = max(opts.levels) if opts.mode == "concurrency" else opts.max_inflight
-    if opts.processes > 1:  # the share processes have clients of their own
-        peak = 1
+    peak = 1 if opts.processes > 1 else peak
     async with contextlib.AsyncExitStack() as stack:
         shards = await open_clients(stack, int(peak), opts.timeout_s)
         pool = stack.enter_context(share_pool(opts.processes)) if opts.processes > 1 else None

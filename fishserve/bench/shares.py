@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 import httpx
 
 from fishserve.bench.client import RequestRecord, Target, open_clients, send_request
-from fishserve.bench.load import LevelPlan, run_closed_loop, run_poisson
+from fishserve.bench.load import DoneFn, LevelPlan, SendFn, run_closed_loop, run_poisson
 from fishserve.bench.workload import request_body
 
 if TYPE_CHECKING:
     from fishserve.bench.run import BenchOptions
 
-__all__ = ["run_share", "send_indexed", "share_counts", "share_plan", "share_pool"]
+__all__ = ["run_load", "run_share", "send_indexed", "share_counts", "share_plan", "share_pool"]
 
 
 def share_counts(total: int, parts: int) -> list[int]:
@@ -51,6 +51,23 @@ def share_plan(opts: BenchOptions, level: float, share: int, shares: int) -> Lev
         workers = share_counts(int(level), shares)[share]
         return LevelPlan(workers, requests, opts.duration_s, opts.ramp_s)
     return LevelPlan(level / shares, requests, opts.duration_s, opts.ramp_s)
+
+
+async def run_load(
+    opts: BenchOptions,
+    level: float,
+    plan: LevelPlan,
+    send: SendFn,
+    done: DoneFn,
+    share: int = 0,
+    shares: int = 1,
+) -> list[RequestRecord]:
+    """Send share `share` of `shares` of a level (`plan`, from `share_plan`): a closed loop,
+    or Poisson arrivals seeded by the level and the share; the records."""
+    if opts.mode == "concurrency":
+        return await run_closed_loop(plan, send, done)
+    seed = opts.shape.seed + int(level * 1000) + share
+    return await run_poisson(plan, send, done, seed, max(1, opts.max_inflight // shares))
 
 
 def share_pool(processes: int) -> ProcessPoolExecutor:
@@ -91,19 +108,16 @@ async def _run_share(
     if plan.num_requests == 0 or plan.level <= 0:
         return []
     closed = opts.mode == "concurrency"
-    inflight = max(1, opts.max_inflight // shares)
+    peak = int(plan.level) if closed else max(1, opts.max_inflight // shares)
     target = opts.target()
     async with contextlib.AsyncExitStack() as stack:
-        clients = await open_clients(stack, int(plan.level) if closed else inflight, opts.timeout_s)
+        clients = await open_clients(stack, peak, opts.timeout_s)
 
         async def send(local: int, t0: float | None) -> RequestRecord:
             index = local * shares + share
             return await send_indexed(opts, clients, target, level, index, clock_zero, t0)
 
-        if closed:
-            return await run_closed_loop(plan, send, _ignore)
-        seed = opts.shape.seed + int(level * 1000) + share
-        return await run_poisson(plan, send, _ignore, seed, inflight)
+        return await run_load(opts, level, plan, send, _ignore, share, shares)
 
 
 def _ignore(record: RequestRecord) -> None:
