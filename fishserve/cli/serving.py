@@ -130,6 +130,14 @@ def serve(
             "a GPU), on, off.",
         ),
     ] = None,
+    gil_switch_interval: Annotated[
+        float | None,
+        _setting(
+            "gil_switch_interval",
+            "Seconds a Python thread of the engine's process runs before a waiting thread gets "
+            "the GIL (CPython's default: 0.005).",
+        ),
+    ] = None,
     default_max_new_tokens: Annotated[
         int | None,
         _setting(

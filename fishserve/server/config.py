@@ -79,6 +79,11 @@ class ServerConfig(BaseModel):
     # captured (EngineConfig.compile_fast_transformer): fewer kernels per step.
     compile_fast_transformer: bool = True
     engine_process: Literal["auto", "on", "off"] = "auto"
+    # Seconds a thread of the engine's process runs Python before another thread waiting for
+    # the GIL gets it (sys.setswitchinterval; CPython's default is 0.005). Every PyTorch call
+    # releases the GIL, and the engine thread waits up to this long to get it back from the
+    # decoder thread and the event loop, several times per step (docs/benchmarks.md §6.15).
+    gil_switch_interval: float = Field(0.0005, ge=1e-6, le=0.1, allow_inf_nan=False)
     default_max_new_tokens: int | None = Field(None, ge=2, le=8192)
     # audio
     first_chunk_frames: int = Field(10, ge=1)

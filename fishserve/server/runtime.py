@@ -43,12 +43,6 @@ from fishserve.synthesis import DECODER_FILENAME, load_decoder
 log = logging.getLogger(__name__)
 # Free device memory below this fraction of the total makes the server refuse new work (503).
 CRITICAL_FREE_FRACTION = 0.02
-# The engine, decoder and HTTP threads share one interpreter. After each blocking wait (a GPU
-# synchronisation) a thread needs the GIL back, and with another thread running Python it
-# waits for the switch interval: CPython's default 5 ms, measured as a 5.25 ms median delay
-# after a 0.2 ms wait against one busy thread, 0.41 ms with 0.2 ms (CPU, Python 3.11). An
-# engine step has several such waits, so the server uses a shorter interval.
-GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass
@@ -370,7 +364,12 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
             config.gpu_memory_budget,
             config.num_kv_blocks,
         )
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    # The engine, decoder and event-loop threads share one interpreter. After each blocking
+    # call (every PyTorch op, a GPU synchronisation) a thread needs the GIL back, and with
+    # another thread running Python it waits up to the switch interval: CPython's default 5 ms
+    # was measured as a 5.25 ms median delay after a 0.2 ms wait against one busy thread
+    # (CPU, Python 3.11), so the server sets a shorter one (setting gil_switch_interval).
+    sys.setswitchinterval(config.gil_switch_interval)
     device = resolve_device(config.device)
     if device.type == "cuda":
         configure_cuda_allocator()

@@ -88,6 +88,16 @@ def test_float_to_int16_is_rounded_and_saturating(x: np.ndarray) -> None:
     assert np.array_equal(y, expected.astype(np.int16))
 
 
+def test_float_to_int16_rounds_half_steps_to_even_and_leaves_its_input() -> None:
+    # every value k/2 / 32767 for k in [-65536, 65536): the exact halves are ties
+    x = (np.arange(-65536, 65536) / 2 / 32767).astype(np.float32)
+    x[::4099] = np.nan
+    before = x.copy()
+    expected = np.round(np.clip(np.nan_to_num(x.astype(np.float64)), -1, 1) * 32767)
+    assert np.array_equal(float_to_int16(x), expected.astype(np.int16))
+    assert np.array_equal(x, before, equal_nan=True)  # converted in a copy
+
+
 def test_no_normalisation_is_applied() -> None:
     quiet = 0.01 * signal()
     for fmt in (AudioFormat.WAV, AudioFormat.FLAC):

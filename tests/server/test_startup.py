@@ -252,3 +252,23 @@ def test_decoder_pipeline_and_chunk_growth_reach_the_decoder(tmp_path, pipeline)
         assert runtime.chunk_policy.next_chunk_frames(10) == 15
     finally:
         runtime.shutdown()
+
+
+def test_gil_switch_interval_is_set_in_the_runtime_process(tmp_path):
+    import sys
+
+    before = sys.getswitchinterval()
+    runtime = runtime_module.build_runtime(tiny_server_config(tmp_path, gil_switch_interval=0.002))
+    try:
+        assert sys.getswitchinterval() == pytest.approx(0.002)
+    finally:
+        runtime.shutdown()
+        sys.setswitchinterval(before)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1e-3, 0.5, float("nan")])
+def test_gil_switch_interval_out_of_range_is_refused(tmp_path, bad):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="gil_switch_interval"):
+        tiny_server_config(tmp_path, gil_switch_interval=bad)
