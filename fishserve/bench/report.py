@@ -9,7 +9,13 @@ from typing import Any
 
 from fishserve.bench.client import RequestRecord
 from fishserve.bench.memory import MemorySample
-from fishserve.bench.stats import FAST_RTF, TTFA_P99_LIMIT_S, LevelSummary, capacity
+from fishserve.bench.stats import (
+    FAST_RTF,
+    TTFA_P99_LIMIT_S,
+    LevelSummary,
+    capacity,
+    still_rising,
+)
 
 GiB = 2**30
 DEFINITIONS = (
@@ -155,11 +161,29 @@ def client_lines(levels: list[LevelSummary]) -> list[str]:
     ]
 
 
+def steady_lines(levels: list[LevelSummary]) -> list[str]:
+    """A warning naming the levels whose TTFA was still rising at their end (`still_rising`)."""
+    rising = [
+        f"{s.level:g} (p50 {early['p50']:.2f} -> {late['p50']:.2f} s, second half's p99 "
+        f"{late['p99']:.2f} s)"
+        for s in levels
+        if still_rising(s) and (early := s.ttfa_early_s) and (late := s.ttfa_late_s)
+    ]
+    if not rising:
+        return []
+    return [
+        "- **steady state**: TTFA was still rising from the first half of the level to the "
+        f"second at {', '.join(rising)}: the whole level's TTFA mixes the lighter start (the "
+        "ramp) with the load that followed, so it understates a longer run (give a longer "
+        "--duration)"
+    ]
+
+
 def capacity_lines(report: BenchReport) -> list[str]:
     """The capacity verdict: largest level that stays real time (closed-loop runs only),
     and a warning for levels where the load generator itself was slow (`client_lines`)."""
     if report.meta.get("mode") != "concurrency":
-        return client_lines(report.levels)
+        return client_lines(report.levels) + steady_lines(report.levels)
     cap = capacity(report.levels)
     by_level = {s.level: s for s in report.levels}
 
@@ -178,6 +202,7 @@ def capacity_lines(report: BenchReport) -> list[str]:
         f"- **capacity (RTF <= {FAST_RTF})**: {name(cap['rtf_0.5'])} (the same, and every "
         f"stream at RTF <= {FAST_RTF})",
         *client_lines(report.levels),
+        *steady_lines(report.levels),
     ]
 
 

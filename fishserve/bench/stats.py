@@ -39,6 +39,10 @@ class LevelSummary:
         sent_s: percentiles of the client's own time to send a request (a pooled or new
             connection and the upload; `RequestRecord.sent_s`) over successful requests: a
             high value here is the load generator's or the network's part of TTFA.
+        ttfa_early_s, ttfa_late_s: TTFA percentiles of the successful requests sent in the
+            first and in the second half of the level's sending window (`halves`): TTFA still
+            rising from one to the other means the level ended before the server reached
+            steady state (`still_rising`).
         rtf_max: the worst real-time factor.
         requests_per_min: successful requests per minute of wall time.
         audio_s_per_s: seconds of audio delivered per wall second (all streams together).
@@ -81,6 +85,8 @@ class LevelSummary:
     decoder_frames_per_job: float | None = None
     mean_in_flight: float = 0.0
     sent_s: dict[str, float | None] | None = None
+    ttfa_early_s: dict[str, float | None] | None = None
+    ttfa_late_s: dict[str, float | None] | None = None
 
 
 # Issue 8's capacity criteria: every stream real time without gaps, TTFA p99 within 300 ms;
@@ -129,6 +135,35 @@ def capacity(
     }
 
 
+# A level's TTFA is "still rising" when its second half's median exceeds the first half's by
+# both this factor and this many seconds; the margin keeps the jitter of fast levels from
+# counting. On the H200 (docs/benchmarks.md §6.15), 384 streams rose 0.19 -> 0.25 s in 15 s
+# levels and 0.21 -> 0.26 s in 30 s levels (the 8 s ramp in their first half); 320 streams,
+# 0.19 -> 0.22 s, did not count.
+RISING_FACTOR = 1.2
+RISING_MARGIN_S = 0.02
+
+
+def halves(records: list[RequestRecord]) -> tuple[list[RequestRecord], list[RequestRecord]]:
+    """`records` split at the middle of their send window (first to last `start_s`): those
+    sent before it, and the rest (both empty for no records)."""
+    if not records:
+        return [], []
+    starts = [r.start_s for r in records]
+    middle = (min(starts) + max(starts)) / 2
+    return [r for r in records if r.start_s < middle], [r for r in records if r.start_s >= middle]
+
+
+def still_rising(summary: LevelSummary) -> bool:
+    """Whether the level's TTFA median rose from its first half to its second (by
+    `RISING_FACTOR` and `RISING_MARGIN_S`): the level ended before steady state."""
+    early = (summary.ttfa_early_s or {}).get("p50")
+    late = (summary.ttfa_late_s or {}).get("p50")
+    if early is None or late is None:
+        return False
+    return late > early * RISING_FACTOR and late - early > RISING_MARGIN_S
+
+
 def level_duration(records: list[RequestRecord]) -> float:
     """Seconds from the first send to the last finish of `records` (0 if empty)."""
     if not records:
@@ -150,6 +185,7 @@ def summarize(
     rtfs = [r.rtf for r in good if r.rtf is not None]
     per_stream = [r.frames_per_s(frame_rate) for r in good]
     rate = 1.0 / duration if duration > 0 else 0.0
+    early, late = halves(good)
     return LevelSummary(
         level=level,
         requests=len(records),
@@ -169,4 +205,6 @@ def summarize(
         peak_gpu_bytes=peak_gpu_bytes,
         mean_in_flight=sum(r.latency_s for r in records) * rate,
         sent_s=percentiles([r.sent_s for r in good if r.sent_s is not None]),
+        ttfa_early_s=percentiles([r.ttfa_s for r in early if r.ttfa_s is not None]),
+        ttfa_late_s=percentiles([r.ttfa_s for r in late if r.ttfa_s is not None]),
     )

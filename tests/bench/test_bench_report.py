@@ -104,3 +104,28 @@ def test_the_verdict_names_levels_where_the_load_generator_was_slow_to_send():
     assert len(quick) == 2 and not any("load generator" in line for line in quick)
     slow = capacity_lines(BenchReport(meta, [at(8, 0.01), at(16, 2.5)], [], []))
     assert "load generator" in slow[-1] and "16 (2.50 s)" in slow[-1] and "8 (" not in slow[-1]
+
+
+def test_verdict_warns_about_a_level_whose_ttfa_was_still_rising():
+    from fishserve.bench.report import steady_lines
+
+    def rising_level(n: int, late_ttfa: float):
+        records = [
+            RequestRecord(
+                i,
+                n,
+                "x",
+                float(i),
+                "200",
+                ttfa_s=0.2 if i < n // 2 else late_ttfa,
+                latency_s=5.0,
+                audio_s=10.0,
+            )
+            for i in range(n)
+        ]
+        return summarize(n, records, 21.5)
+
+    assert steady_lines([rising_level(8, 0.21), rising_level(16, 0.22)]) == []
+    (line,) = steady_lines([rising_level(8, 0.21), rising_level(16, 0.5)])
+    assert "steady state" in line and "16 (p50 0.20 -> 0.50 s, second half's p99 0.50 s)" in line
+    assert "8 (" not in line

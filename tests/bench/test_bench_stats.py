@@ -50,3 +50,33 @@ def test_no_success_gives_empty_percentiles():
     s = summarize(1, [rec(0, 1.0, 0.0, "503")], frame_rate=20.0)
     assert s.ok == 0 and s.latency_s["p50"] is None and s.all_realtime is None
     assert s.requests_per_min == 0
+
+
+def test_ttfa_halves_split_the_send_window_and_flag_a_rising_level():
+    from fishserve.bench.stats import halves, still_rising, summarize
+
+    def records(early_ttfa: float, late_ttfa: float):
+        # sends at 0..9 s: the window's middle is 4.5 s
+        return [
+            RequestRecord(
+                i,
+                8,
+                "x",
+                float(i),
+                "200",
+                ttfa_s=early_ttfa if i < 5 else late_ttfa,
+                latency_s=5.0,
+                audio_s=10.0,
+            )
+            for i in range(10)
+        ]
+
+    first, second = halves(records(0.2, 0.2))
+    assert [r.start_s for r in first] == [0, 1, 2, 3, 4] and len(second) == 5
+    assert halves([]) == ([], [])
+    rising = summarize(8, records(0.20, 0.26), 21.5)
+    assert rising.ttfa_early_s["p50"] == 0.20 and rising.ttfa_late_s["p50"] == 0.26
+    assert still_rising(rising)
+    assert not still_rising(summarize(8, records(0.20, 0.23), 21.5))  # within 20 %
+    assert not still_rising(summarize(8, records(0.05, 0.065), 21.5))  # within 20 ms
+    assert not still_rising(summarize(8, records(0.30, 0.20), 21.5))  # falling is fine
