@@ -173,17 +173,17 @@ def steady_lines(levels: list[LevelSummary]) -> list[str]:
         return []
     return [
         "- **steady state**: TTFA was still rising from the first half of the level to the "
-        f"second at {', '.join(rising)}: the whole level's TTFA mixes the lighter start (the "
-        "ramp) with the load that followed, so it understates a longer run (give a longer "
-        "--duration)"
+        f"second at {', '.join(rising)}: the whole level's TTFA mixes its lighter start (a "
+        "ramp, a batch still filling) with the load that followed, so it understates a longer "
+        "run (give longer levels: --duration, or more --num-requests)"
     ]
 
 
 def capacity_lines(report: BenchReport) -> list[str]:
     """The capacity verdict: largest level that stays real time (closed-loop runs only),
     and a warning for levels where the load generator itself was slow (`client_lines`)."""
-    if report.meta.get("mode") != "concurrency":
-        return client_lines(report.levels) + steady_lines(report.levels)
+    if report.meta.get("mode") != "concurrency":  # open loop: a rising TTFA is a queue
+        return client_lines(report.levels)
     cap = capacity(report.levels)
     by_level = {s.level: s for s in report.levels}
 

@@ -291,7 +291,10 @@ def run_bench(opts: BenchOptions, console: Console) -> BenchReport:
     with make_progress(console) as progress:
         report = asyncio.run(bench(opts, progress))
     paths = write_report(report, opts.output_dir)
-    paths += write_plots(report.levels, report.memory, opts.level_name, opts.output_dir)
+    try:
+        paths += write_plots(report.levels, report.memory, opts.level_name, opts.output_dir)
+    except ImportError as exc:  # matplotlib is an extra: the reports are written without it
+        console.print(f"plots skipped ({exc})", highlight=False, markup=False)
     console.print(
         "\n".join([markdown_table(report.levels, opts.level_name), *capacity_lines(report)]),
         highlight=False,

@@ -42,7 +42,7 @@ class LevelSummary:
         ttfa_early_s, ttfa_late_s: TTFA percentiles of the successful requests sent in the
             first and in the second half of the level's sending window (`halves`): TTFA still
             rising from one to the other means the level ended before the server reached
-            steady state (`still_rising`).
+            steady state (`still_rising`). ttfa_halves_n: how many TTFAs each half has.
         rtf_max: the worst real-time factor.
         requests_per_min: successful requests per minute of wall time.
         audio_s_per_s: seconds of audio delivered per wall second (all streams together).
@@ -87,6 +87,7 @@ class LevelSummary:
     sent_s: dict[str, float | None] | None = None
     ttfa_early_s: dict[str, float | None] | None = None
     ttfa_late_s: dict[str, float | None] | None = None
+    ttfa_halves_n: tuple[int, int] | None = None
 
 
 # Issue 8's capacity criteria: every stream real time without gaps, TTFA p99 within 300 ms;
@@ -142,24 +143,33 @@ def capacity(
 # 0.19 -> 0.22 s, did not count.
 RISING_FACTOR = 1.2
 RISING_MARGIN_S = 0.02
+# Fewest successful requests with a TTFA in each half for the comparison: with a handful, the
+# halves differ by their texts (the workload mixes languages and lengths), not by load.
+RISING_MIN_REQUESTS = 20
+# Shortest send window (first to last send, seconds) with halves to compare: a burst of
+# requests sent at once has no "later" half.
+RISING_MIN_WINDOW_S = 1.0
 
 
 def halves(records: list[RequestRecord]) -> tuple[list[RequestRecord], list[RequestRecord]]:
     """`records` split at the middle of their send window (first to last `start_s`): those
-    sent before it, and the rest (both empty for no records)."""
-    if not records:
-        return [], []
+    sent before it, and the rest (both empty for no records, or a window shorter than
+    `RISING_MIN_WINDOW_S`)."""
     starts = [r.start_s for r in records]
+    if not records or max(starts) - min(starts) < RISING_MIN_WINDOW_S:
+        return [], []
     middle = (min(starts) + max(starts)) / 2
     return [r for r in records if r.start_s < middle], [r for r in records if r.start_s >= middle]
 
 
 def still_rising(summary: LevelSummary) -> bool:
     """Whether the level's TTFA median rose from its first half to its second (by
-    `RISING_FACTOR` and `RISING_MARGIN_S`): the level ended before steady state."""
+    `RISING_FACTOR` and `RISING_MARGIN_S`, each half with at least `RISING_MIN_REQUESTS`
+    TTFAs): the level ended before steady state."""
+    counts = summary.ttfa_halves_n or (0, 0)
     early = (summary.ttfa_early_s or {}).get("p50")
     late = (summary.ttfa_late_s or {}).get("p50")
-    if early is None or late is None:
+    if early is None or late is None or min(counts) < RISING_MIN_REQUESTS:
         return False
     return late > early * RISING_FACTOR and late - early > RISING_MARGIN_S
 
@@ -186,6 +196,8 @@ def summarize(
     per_stream = [r.frames_per_s(frame_rate) for r in good]
     rate = 1.0 / duration if duration > 0 else 0.0
     early, late = halves(good)
+    early_ttfa = [r.ttfa_s for r in early if r.ttfa_s is not None]
+    late_ttfa = [r.ttfa_s for r in late if r.ttfa_s is not None]
     return LevelSummary(
         level=level,
         requests=len(records),
@@ -205,6 +217,7 @@ def summarize(
         peak_gpu_bytes=peak_gpu_bytes,
         mean_in_flight=sum(r.latency_s for r in records) * rate,
         sent_s=percentiles([r.sent_s for r in good if r.sent_s is not None]),
-        ttfa_early_s=percentiles([r.ttfa_s for r in early if r.ttfa_s is not None]),
-        ttfa_late_s=percentiles([r.ttfa_s for r in late if r.ttfa_s is not None]),
+        ttfa_early_s=percentiles(early_ttfa),
+        ttfa_late_s=percentiles(late_ttfa),
+        ttfa_halves_n=(len(early_ttfa), len(late_ttfa)),
     )

@@ -158,6 +158,7 @@ class ServerConfig(BaseModel):
         "early_chunk_margin",
         "decoder_batch_wait",
         "gpu_memory_budget",
+        "gil_switch_interval",
         mode="before",
     )
     @classmethod

@@ -370,6 +370,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
     # was measured as a 5.25 ms median delay after a 0.2 ms wait against one busy thread
     # (CPU, Python 3.11), so the server sets a shorter one (setting gil_switch_interval).
     sys.setswitchinterval(config.gil_switch_interval)
+    log.info("GIL switch interval: %g s", config.gil_switch_interval)
     device = resolve_device(config.device)
     if device.type == "cuda":
         configure_cuda_allocator()

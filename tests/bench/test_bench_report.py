@@ -117,15 +117,25 @@ def test_verdict_warns_about_a_level_whose_ttfa_was_still_rising():
                 "x",
                 float(i),
                 "200",
-                ttfa_s=0.2 if i < n // 2 else late_ttfa,
+                ttfa_s=0.2 if i < 2 * n else late_ttfa,
                 latency_s=5.0,
                 audio_s=10.0,
             )
-            for i in range(n)
+            for i in range(4 * n)  # at least 20 requests in each half
         ]
         return summarize(n, records, 21.5)
 
-    assert steady_lines([rising_level(8, 0.21), rising_level(16, 0.22)]) == []
-    (line,) = steady_lines([rising_level(8, 0.21), rising_level(16, 0.5)])
-    assert "steady state" in line and "16 (p50 0.20 -> 0.50 s, second half's p99 0.50 s)" in line
-    assert "8 (" not in line
+    assert steady_lines([rising_level(16, 0.21), rising_level(32, 0.22)]) == []
+    (line,) = steady_lines([rising_level(16, 0.21), rising_level(32, 0.5)])
+    assert "steady state" in line and "32 (p50 0.20 -> 0.50 s, second half's p99 0.50 s)" in line
+    assert "16 (" not in line
+
+    # open loop (Poisson): a rising TTFA is a growing queue, not a short level
+    from fishserve.bench.report import BenchReport, capacity_lines
+
+    levels = [rising_level(32, 0.5)]
+    assert any(
+        "steady state" in x
+        for x in capacity_lines(BenchReport({"mode": "concurrency"}, levels, [], []))
+    )
+    assert capacity_lines(BenchReport({"mode": "poisson"}, levels, [], [])) == []

@@ -156,3 +156,21 @@ def test_shares_split_levels_and_requests_evenly():
     assert all(p.ramp_s == 4.0 and p.duration_s == opts.duration_s for p in plans)
     poisson = options("http://127.0.0.1:1", Path("."), mode="poisson", num_requests=9)
     assert share_plan(poisson, 6.0, 1, 3).level == 2.0
+
+
+def test_without_matplotlib_the_reports_are_written_and_the_plots_skipped(
+    url, tmp_path, monkeypatch
+):
+    import io
+
+    import fishserve.bench.run as bench_run
+
+    def no_matplotlib(*args: object, **kwargs: object) -> list[Path]:
+        raise ImportError("plots need matplotlib: pip install -e '.[bench]'")
+
+    monkeypatch.setattr(bench_run, "write_plots", no_matplotlib)
+    out = io.StringIO()
+    report = run_bench(options(url, tmp_path, levels=[1]), Console(file=out, width=200))
+    assert report.levels[0].ok == report.levels[0].requests > 0
+    assert (tmp_path / "bench.json").exists() and (tmp_path / "bench.md").exists()
+    assert "plots skipped (plots need matplotlib: pip install -e '.[bench]')" in out.getvalue()

@@ -53,10 +53,10 @@ def test_no_success_gives_empty_percentiles():
 
 
 def test_ttfa_halves_split_the_send_window_and_flag_a_rising_level():
-    from fishserve.bench.stats import halves, still_rising, summarize
+    from fishserve.bench.stats import RISING_MIN_REQUESTS, halves, still_rising, summarize
 
-    def records(early_ttfa: float, late_ttfa: float):
-        # sends at 0..9 s: the window's middle is 4.5 s
+    def records(early_ttfa: float, late_ttfa: float, n: int = 50):
+        # sends at 0..n-1 s: the window's middle is (n - 1) / 2 s
         return [
             RequestRecord(
                 i,
@@ -64,19 +64,28 @@ def test_ttfa_halves_split_the_send_window_and_flag_a_rising_level():
                 "x",
                 float(i),
                 "200",
-                ttfa_s=early_ttfa if i < 5 else late_ttfa,
+                ttfa_s=early_ttfa if i < n // 2 else late_ttfa,
                 latency_s=5.0,
                 audio_s=10.0,
             )
-            for i in range(10)
+            for i in range(n)
         ]
 
-    first, second = halves(records(0.2, 0.2))
+    first, second = halves(records(0.2, 0.2, n=10))
     assert [r.start_s for r in first] == [0, 1, 2, 3, 4] and len(second) == 5
     assert halves([]) == ([], [])
+    burst = records(0.2, 0.9, n=64)
+    for i, r in enumerate(burst):
+        r.start_s = i * 1e-4  # all sent within 6 ms: no later half to compare
+    assert halves(burst) == ([], [])
+    assert not still_rising(summarize(64, burst, 21.5))
     rising = summarize(8, records(0.20, 0.26), 21.5)
     assert rising.ttfa_early_s["p50"] == 0.20 and rising.ttfa_late_s["p50"] == 0.26
     assert still_rising(rising)
     assert not still_rising(summarize(8, records(0.20, 0.23), 21.5))  # within 20 %
     assert not still_rising(summarize(8, records(0.05, 0.065), 21.5))  # within 20 ms
     assert not still_rising(summarize(8, records(0.30, 0.20), 21.5))  # falling is fine
+    # a handful of requests per half differ by their texts, not by load: no verdict
+    few = summarize(1, records(4.78, 5.99, n=2 * RISING_MIN_REQUESTS - 2), 21.5)
+    assert few.ttfa_halves_n == (RISING_MIN_REQUESTS - 1,) * 2 and not still_rising(few)
+    assert still_rising(summarize(1, records(4.78, 5.99, n=2 * RISING_MIN_REQUESTS), 21.5))

@@ -272,3 +272,10 @@ def test_gil_switch_interval_out_of_range_is_refused(tmp_path, bad):
 
     with pytest.raises(ValidationError, match="gil_switch_interval"):
         tiny_server_config(tmp_path, gil_switch_interval=bad)
+
+
+def test_gil_switch_interval_refuses_yaml_on_off(tmp_path):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="give a number"):
+        tiny_server_config(tmp_path, gil_switch_interval=True)
