@@ -28,7 +28,9 @@ DEFINITIONS = (
     "the level's wall time; frames/s = audio s/s x frames per audio second. Peak GPU: "
     "whole-device used memory polled during the level. Decoder frames/s and GPU busy "
     "(LLM / decoder: fraction of wall time each kept the GPU busy, CUDA events; they overlap on "
-    "separate streams) come from the server's /metrics (fishserve only)."
+    "separate streams) come from the server's /metrics (fishserve only), as does GIL wait: the "
+    "mean time a thread of the server's engine process waited to get Python's GIL back "
+    "(its GIL probe; each PyTorch call of the engine and decoder threads pays it)."
 )
 
 
@@ -102,6 +104,7 @@ def level_row(summary: LevelSummary) -> str:
         _num(summary.decoder_frames_per_s, 0),
         f"{_num(summary.llm_busy)} / {_num(summary.decoder_busy)}",
         f"{_num(summary.steps_per_s, 1)} / {_num(summary.frames_per_step, 1)}",
+        _num(summary.gil_wait_ms, 3),
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -112,9 +115,10 @@ def markdown_table(levels: list[LevelSummary], level_name: str) -> str:
         f"| {level_name} | requests | ok | errors | latency s p50/p90/p99 | "
         "TTFA s p50/p90/p99 | send s p99 | req/min | audio s/s | frames/s | RTF p90 | "
         "real-time | stalled | "
-        "peak GPU GiB | decoder frames/s | GPU busy LLM / decoder | steps/s / frames per step |"
+        "peak GPU GiB | decoder frames/s | GPU busy LLM / decoder | steps/s / frames per step | "
+        "GIL wait ms |"
     )
-    rule = "|" + "---|" * 17
+    rule = "|" + "---|" * 18
     return "\n".join([header, rule, *(level_row(s) for s in levels)])
 
 

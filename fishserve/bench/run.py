@@ -188,6 +188,7 @@ class BenchRun:
         summary.full_sort_share = server.full_sort_share
         summary.decoder_frames_per_call = server.decoder_frames_per_call
         summary.decoder_frames_per_job = server.decoder_frames_per_job
+        summary.gil_wait_ms = server.gil_wait_ms
         return summary, records
 
 

@@ -23,6 +23,8 @@ COUNTERS = {
     "engine_steps": ("fishserve:engine_steps_total", {}),
     "frames": ("fishserve:generation_frames_total", {}),
     "full_sort_rows": ("fishserve:sampler_full_sort_rows_total", {}),
+    "gil_wait_s": ("fishserve:gil_wait_seconds_total", {}),
+    "gil_wakeups": ("fishserve:gil_probe_wakeups_total", {}),
 }
 
 
@@ -43,6 +45,8 @@ class ServerRates:
             call's fixed costs for few frames).
         decoder_frames_per_job: new frames per audio chunk (each chunk also decodes the
             left context again, ~15 frames, so short chunks cost the decoder most).
+        gil_wait_ms: mean milliseconds a thread of the engine's process waited to get the
+            GIL back (the GIL probe's `fishserve:gil_wait_seconds_total` per wake-up).
     """
 
     decoder_frames_per_s: float | None = None
@@ -53,6 +57,7 @@ class ServerRates:
     full_sort_share: float | None = None
     decoder_frames_per_call: float | None = None
     decoder_frames_per_job: float | None = None
+    gil_wait_ms: float | None = None
 
 
 def parse_counters(text: str) -> dict[str, float]:
@@ -92,6 +97,8 @@ def rates(before: dict[str, float], after: dict[str, float], seconds: float) -> 
     per_call = decoded / calls if calls and decoded is not None else None
     jobs = rate("decoder_jobs")
     per_job = decoded / jobs if jobs and decoded is not None else None
+    waited, wakeups = rate("gil_wait_s"), rate("gil_wakeups")
+    gil_ms = 1e3 * waited / wakeups if wakeups and waited is not None else None
     return ServerRates(
         decoded,
         rate("llm_busy_s"),
@@ -101,4 +108,5 @@ def rates(before: dict[str, float], after: dict[str, float], seconds: float) -> 
         share,
         per_call,
         per_job,
+        gil_ms,
     )

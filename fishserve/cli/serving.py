@@ -138,6 +138,14 @@ def serve(
             "the GIL (CPython's default: 0.005).",
         ),
     ] = None,
+    gil_probe: Annotated[
+        bool | None,
+        _setting(
+            "gil_probe",
+            "Measure how long a thread of the engine's process waits for the GIL (metrics "
+            "fishserve:gil_wait_seconds_total, fishserve:gil_probe_wakeups_total).",
+        ),
+    ] = None,
     default_max_new_tokens: Annotated[
         int | None,
         _setting(

@@ -84,6 +84,9 @@ class ServerConfig(BaseModel):
     # releases the GIL, and the engine thread waits up to this long to get it back from the
     # decoder thread and the event loop, several times per step (docs/benchmarks.md §6.15).
     gil_switch_interval: float = Field(0.0005, ge=1e-6, le=0.1, allow_inf_nan=False)
+    # A thread in the engine's process that measures how long a thread waits for the GIL
+    # (GilProbe; fishserve:gil_wait_seconds_total over fishserve:gil_probe_wakeups_total).
+    gil_probe: bool = True
     default_max_new_tokens: int | None = Field(None, ge=2, le=8192)
     # audio
     first_chunk_frames: int = Field(10, ge=1)

@@ -117,6 +117,17 @@ class Metrics:
             "Audio chunks decoded (frames / jobs is the mean chunk length in frames).",
             registry=r,
         )
+        self.gil_wait = Counter(
+            "fishserve:gil_wait_seconds",
+            "Summed lateness of the GIL probe's wake-ups in the engine's process (setting "
+            "gil_probe): divided by gil_probe_wakeups_total, the mean time a thread there waits "
+            "to get Python's GIL back (every PyTorch call of the engine and decoder threads "
+            "pays it; ~0.07 ms is the OS timer's own slack).",
+            registry=r,
+        )
+        self.gil_wakeups = Counter(
+            "fishserve:gil_probe_wakeups", "Wake-ups of the GIL probe.", registry=r
+        )
         self._seen: dict[str, float] = {}
         self.success = Counter(
             "fishserve:request_success_total",
@@ -157,6 +168,8 @@ class Metrics:
         status = runtime.status()
         self.update_engine(status.engine)
         self.decoder_lag.set(status.decoder_lag_seconds)
+        self._advance("gil_wait", self.gil_wait, status.gil_wait_seconds)
+        self._advance("gil_wakeups", self.gil_wakeups, status.gil_wakeups)
         self.update_decoder(
             status.decoder_busy_seconds,
             status.decoder_calls,

@@ -37,6 +37,7 @@ from fishserve.models.loading import load_text2semantic, resolve_device, resolve
 from fishserve.server.config import ServerConfig
 from fishserve.server.decode_worker import DecodeWorker
 from fishserve.server.gc_control import GC_PAUSES, freeze_after_startup
+from fishserve.server.gil_probe import GilProbe
 from fishserve.server.pipeline import EARLY_CHUNK_S, AudioChunk, synthesize
 from fishserve.synthesis import DECODER_FILENAME, load_decoder
 
@@ -87,6 +88,8 @@ class RuntimeStatus:
             (device seconds, batched calls, new code frames decoded, audio chunks decoded).
         decoder_lag_seconds: how far behind its deadlines the decoder is
             (`DecodeWorker.lag_seconds`).
+        gil_wait_seconds, gil_wakeups: the engine process's GIL probe totals (`GilProbe`;
+            0 without one).
     """
 
     engine: EngineStats
@@ -98,6 +101,8 @@ class RuntimeStatus:
     decoder_frames: int
     decoder_jobs: int = 0
     decoder_lag_seconds: float = 0.0
+    gil_wait_seconds: float = 0.0
+    gil_wakeups: int = 0
 
 
 class ServingRuntime(Protocol):
@@ -144,6 +149,7 @@ class Runtime:
     weight_dtype: torch.dtype
     first_chunk_deadline: float | None = None  # seconds after arrival (ServerConfig)
     early_chunk_margin: float = EARLY_CHUNK_S  # seconds (ServerConfig)
+    gil_probe: GilProbe | None = None  # ServerConfig.gil_probe
     restartable = False  # the engine shares this process: a dead engine thread stays dead
 
     def needs_restart(self) -> bool:
@@ -193,9 +199,11 @@ class Runtime:
         return await asyncio.to_thread(self.references.encode, audio)
 
     def shutdown(self) -> None:
-        """Stop both threads."""
+        """Stop both threads (and the GIL probe)."""
         self.engine.shutdown()
         self.decode_worker.shutdown()
+        if self.gil_probe is not None:
+            self.gil_probe.stop()
 
     def memory_critical(self) -> bool:
         """True when the device is nearly out of memory (never on CPU)."""
@@ -229,6 +237,7 @@ class Runtime:
         critical = gpu is not None and _critical(
             gpu["total_bytes"] - gpu["used_bytes"], gpu["total_bytes"]
         )
+        gil_wait, gil_wakeups = (0.0, 0) if self.gil_probe is None else self.gil_probe.totals()
         return RuntimeStatus(
             engine=self.engine.stats(),
             alive=self.engine.alive and self.decode_worker.alive,
@@ -239,6 +248,8 @@ class Runtime:
             decoder_frames=runner.frames_decoded,
             decoder_jobs=runner.jobs_decoded,
             decoder_lag_seconds=self.decode_worker.lag_seconds,
+            gil_wait_seconds=gil_wait,
+            gil_wakeups=gil_wakeups,
         )
 
 
@@ -455,4 +466,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
     GC_PAUSES.install()
     runtime.engine.start()
     runtime.decode_worker.start()
+    if config.gil_probe:
+        runtime.gil_probe = GilProbe()
+        runtime.gil_probe.start()
     return runtime

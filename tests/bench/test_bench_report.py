@@ -15,11 +15,11 @@ def test_table_shows_errors_real_time_and_peak_memory():
     ]
     table = markdown_table([summarize(8, records, 21.5, peak_gpu_bytes=3 * 2**30)], "concurrency")
     header, rule, row = table.splitlines()
-    assert header.count("|") == rule.count("|") == row.count("|") == 18
+    assert header.count("|") == rule.count("|") == row.count("|") == 19
     assert "| 0.50 / 0.50 / 0.50 | 0.250 |" in row  # TTFA, then the client's own send time
     assert "| 8 | 3 | 1 | 429: 2 |" in row
     # no server counters (a peer server): decoder, GPU busy and step columns are empty
-    assert "no (max 1.50)" in row and row.endswith("| 3.00 | - | - / - | - / - |")
+    assert "no (max 1.50)" in row and row.endswith("| 3.00 | - | - / - | - / - | - |")
 
 
 def level(n: int, ttfa_p99: float, rtf_max: float, stalled: int = 0, errors: int = 0):
@@ -73,6 +73,10 @@ def test_server_rates_from_two_metrics_reads():
                 f"fishserve:decoder_frames_total {decoded}",
                 "# TYPE fishserve:gpu_busy_seconds_total counter",
                 f'fishserve:gpu_busy_seconds_total{{component="llm"}} {llm}',
+                "# TYPE fishserve:gil_wait_seconds counter",
+                f"fishserve:gil_wait_seconds_total {steps * 2e-4}",
+                "# TYPE fishserve:gil_probe_wakeups counter",
+                f"fishserve:gil_probe_wakeups_total {steps}",
                 "",
             ]
         )
@@ -86,6 +90,7 @@ def test_server_rates_from_two_metrics_reads():
     assert got.decoder_frames_per_job == 10  # 1,000 frames in 100 chunks
     assert got.decoder_busy is None  # not exported by this server
     assert abs(got.full_sort_share - 0.1) < 1e-12  # 100 of 1,000 frames
+    assert abs(got.gil_wait_ms - 0.2) < 1e-9  # 0.01 s waited over 50 wake-ups
     assert rates({}, after, 2.0).frames_per_step is None  # a server without the counters
 
 

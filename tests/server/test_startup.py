@@ -279,3 +279,17 @@ def test_gil_switch_interval_refuses_yaml_on_off(tmp_path):
 
     with pytest.raises(ValidationError, match="give a number"):
         tiny_server_config(tmp_path, gil_switch_interval=True)
+
+
+@pytest.mark.parametrize("probe", [True, False])
+def test_the_gil_probe_reports_through_the_runtime_status(tmp_path, probe):
+    import time
+
+    runtime = runtime_module.build_runtime(tiny_server_config(tmp_path, gil_probe=probe))
+    try:
+        time.sleep(0.1)
+        status = runtime.status()
+        assert (status.gil_wakeups > 0) == probe
+        assert status.gil_wait_seconds >= 0.0
+    finally:
+        runtime.shutdown()

@@ -280,6 +280,7 @@ def test_metrics_count_work_across_a_model_reload():
     def runtime(frames: int, calls: int, busy: float) -> SimpleNamespace:
         stats = EngineStats(0, 0, 8, 8, 0, frames, busy, frames // 2, full_sort_rows=frames // 10)
         status = RuntimeStatus(stats, True, None, False, busy, calls, frames, calls * 2)
+        status.gil_wait_seconds, status.gil_wakeups = busy / 100, frames
         return SimpleNamespace(status=lambda: status)
 
     metrics = Metrics()
@@ -294,6 +295,8 @@ def test_metrics_count_work_across_a_model_reload():
     assert values["fishserve:decoder_calls_total"] == 9
     assert values["fishserve:decoder_jobs_total"] == 18
     assert values['fishserve:gpu_busy_seconds_total{component="decoder"}'] == 4.0
+    assert values["fishserve:gil_probe_wakeups_total"] == 250
+    assert abs(values["fishserve:gil_wait_seconds_total"] - 0.04) < 1e-12
 
 
 def test_the_pipeline_gets_the_request_s_arrival():
