@@ -13,7 +13,7 @@ import functools
 import logging
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -182,13 +182,8 @@ class BenchRun:
         summary = summarize(level, records, opts.frame_rate, self.monitor.peak_bytes(level))
         elapsed = time.perf_counter() - started
         server = rates(counters, await read_counters(self.client, opts.url), elapsed)
-        summary.decoder_frames_per_s = server.decoder_frames_per_s
-        summary.llm_busy, summary.decoder_busy = server.llm_busy, server.decoder_busy
-        summary.steps_per_s, summary.frames_per_step = server.steps_per_s, server.frames_per_step
-        summary.full_sort_share = server.full_sort_share
-        summary.decoder_frames_per_call = server.decoder_frames_per_call
-        summary.decoder_frames_per_job = server.decoder_frames_per_job
-        summary.gil_wait_ms = server.gil_wait_ms
+        for rate in fields(server):  # LevelSummary has a field of each name
+            setattr(summary, rate.name, getattr(server, rate.name))
         return summary, records
 
 

@@ -144,3 +144,14 @@ def test_verdict_warns_about_a_level_whose_ttfa_was_still_rising():
         for x in capacity_lines(BenchReport({"mode": "concurrency"}, levels, [], []))
     )
     assert capacity_lines(BenchReport({"mode": "poisson"}, levels, [], [])) == []
+
+
+def test_every_server_rate_has_its_level_summary_field():
+    """`fishserve bench` copies each `ServerRates` field into the level's summary by name."""
+    from dataclasses import fields
+
+    from fishserve.bench.server_counters import ServerRates
+    from fishserve.bench.stats import LevelSummary
+
+    summary_fields = {f.name for f in fields(LevelSummary)}
+    assert {f.name for f in fields(ServerRates)} <= summary_fields
