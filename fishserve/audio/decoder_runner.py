@@ -162,6 +162,11 @@ def new_frame_buckets_for(policy: ChunkPolicy) -> tuple[int, ...]:
 EXACT_BATCH_BUCKETS = 8
 
 
+def _aligned(elements: int, align: int = 16) -> int:
+    """`elements` rounded up to a multiple of `align` (16 int64 elements: 128 bytes)."""
+    return -(-elements // align) * align
+
+
 def decoder_batch_buckets(max_batch: int) -> list[int]:
     """Captured batch sizes of the decoder: 1 to `EXACT_BATCH_BUCKETS` each, then powers of
     two, then `max_batch`."""
@@ -188,10 +193,13 @@ class _Captured:
     """One bucket's CUDA graph and the static tensors it reads and writes."""
 
     graph: torch.cuda.CUDAGraph
-    codes: Tensor  # (B, G, L) int64
-    lengths: Tensor  # (B,) int64
-    skip: Tensor | None  # (num_convs, B) int64 skip rows of a trimmed head, else None
+    inputs: Tensor  # int64 (N,): codes, lengths and skip, each 128-byte aligned (one upload)
+    codes: Tensor  # (B, G, L) int64, a view of `inputs` at offset 0
+    lengths: Tensor  # (B,) int64, a view of `inputs` at `lengths_at`
+    skip: Tensor | None  # (num_convs, B) int64 skip rows of a trimmed head (at `skip_at`)
     wave: Tensor  # (B, frames * frame_samples) float32
+    lengths_at: int  # element offsets in `inputs`
+    skip_at: int
 
 
 class _Slot:
@@ -201,25 +209,36 @@ class _Slot:
         self.cuda = device.type == "cuda"
         self.download = PinnedDownload(device)
         self._staging = torch.empty(0, dtype=torch.int64, pin_memory=self.cuda)
+        self._staging_np = self._staging.numpy()
 
     def reserve(self, upload_elements: int, download_bytes: int) -> None:
         """Grow the buffers to these sizes now (allocating pinned memory synchronises the
         device: done at start-up, not while serving)."""
         if upload_elements > self._staging.numel():
             self._staging = torch.empty(upload_elements, dtype=torch.int64, pin_memory=self.cuda)
+            self._staging_np = self._staging.numpy()
         self.download.reserve(download_bytes)
 
-    def upload(self, pairs: Sequence[tuple[Tensor, np.ndarray]]) -> None:
-        """Copy each int64 host array into its device tensor (same number of elements) on
-        the current stream, through this slot's staging buffer, without waiting."""
-        total = sum(src.size for _, src in pairs)
+    def upload(self, dst: Tensor, parts: Sequence[tuple[int, np.ndarray]]) -> None:
+        """Copy int64 host arrays into the flat int64 device tensor `dst`, each at its
+        element offset (`parts`: ``(offset, array)``), on the current stream, through this
+        slot's staging buffer, without waiting: one copy of all of `dst` whatever the number
+        of arrays (each PyTorch call costs a round trip of the GIL, docs/benchmarks.md §6.15;
+        elements no part covers get whatever the staging buffer held).
+
+        Raises:
+            ValueError: a part that does not lie inside `dst`.
+        """
+        total = dst.numel()
         self.reserve(total, 0)
-        offset = 0
-        for dst, src in pairs:
-            host = self._staging[offset : offset + src.size]
-            host.numpy()[:] = src.reshape(-1)
-            dst.copy_(host.view(dst.shape), non_blocking=True)
-            offset += src.size
+        host = self._staging_np
+        for offset, src in parts:
+            if offset < 0 or offset + src.size > total:
+                raise ValueError(
+                    f"{src.size} elements at {offset} do not fit a tensor of {total} elements"
+                )
+            host[offset : offset + src.size] = src.reshape(-1)
+        dst.copy_(self._staging[:total], non_blocking=True)
 
 
 class PendingDecode:
@@ -559,12 +578,11 @@ class DecoderRunner:
         with torch.cuda.stream(self.stream), torch.inference_mode(), self.busy.measure():
             graph = self.graphs.get((codes.shape[0], frames)) if self.use_graphs else None
             if graph is not None:
-                uploads = [(graph.codes, codes), (graph.lengths, lengths)]
-                if graph.skip is not None and skip is not None:
-                    uploads.append((graph.skip, skip))
-                elif graph.skip is not None:  # no table: skip nothing (not the last call's)
-                    graph.skip.zero_()
-                slot.upload(uploads)
+                parts = [(0, codes), (graph.lengths_at, lengths)]
+                if graph.skip is not None:  # no table: skip nothing (not the last call's)
+                    table = np.zeros(graph.skip.numel(), np.int64) if skip is None else skip
+                    parts.append((graph.skip_at, table))
+                slot.upload(graph.inputs, parts)
                 graph.graph.replay()
                 wave = graph.wave
             else:
@@ -607,13 +625,32 @@ class DecoderRunner:
             return self._forward(codes, lengths, self.decoder)[:, 0]
         return self.decoder.decode_unchecked(codes, lengths)[:, 0]
 
-    def _skip_input(self, frames: int, width: int, batch: int) -> Tensor | None:
-        """A captured trimmed call's skip rows (none skipped until a call writes them)."""
+    def _skip_rows(self, frames: int, width: int) -> int:
+        """Rows of a captured trimmed call's skip table (one per convolution), else 0."""
         if self.trim_context is None or self.head is None:
-            return None
+            return 0
         steps = width * self.config.downsample_factor
-        plan = self.head.tail_plan(frames * self.config.frame_samples, steps)
-        return torch.zeros((len(plan), batch), dtype=torch.int64, device=self.device)
+        return len(self.head.tail_plan(frames * self.config.frame_samples, steps))
+
+    def _graph_inputs(
+        self, shape: tuple[int, int, int], frames: int
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, int, int]:
+        """A captured call's inputs as views of one flat int64 device tensor (one upload per
+        call): ``(flat, codes (B, G, L) zeros, lengths (B,) = L, skip (convs, B) zeros or
+        None, lengths offset, skip offset)``. Each view starts on a 128-byte boundary, so the
+        kernels reading it keep their aligned loads."""
+        batch, width = shape[0], shape[2]
+        skip_rows = self._skip_rows(frames, width)
+        n_codes = batch * shape[1] * width
+        lengths_at = _aligned(n_codes)
+        skip_at = _aligned(lengths_at + batch)
+        size = skip_at + batch * skip_rows if skip_rows else lengths_at + batch
+        flat = torch.zeros(size, dtype=torch.int64, device=self.device)
+        codes = flat[:n_codes].view(shape)
+        lengths = flat[lengths_at : lengths_at + batch]
+        lengths.fill_(width)
+        skip = flat[skip_at:].view(skip_rows, batch) if skip_rows else None
+        return flat, codes, lengths, skip, lengths_at, skip_at
 
     def _capture_all(self) -> None:
         """Warm up (compile) and capture every bucket, largest first (one shared memory pool)."""
@@ -625,9 +662,7 @@ class DecoderRunner:
         for fb in reversed(self.frame_buckets):
             for bb in reversed(self.batch_buckets):
                 shape = (bb, groups, fb + context)
-                codes = torch.zeros(shape, dtype=torch.int64, device=self.device)
-                lengths = torch.full((bb,), fb + context, dtype=torch.int64, device=self.device)
-                skip = self._skip_input(fb, shape[2], bb)
+                inputs, codes, lengths, skip, lengths_at, skip_at = self._graph_inputs(shape, fb)
                 with torch.cuda.stream(self.stream), torch.inference_mode():
                     for _ in range(2):  # compile / pick cuDNN algorithms outside the capture
                         self._call(codes, lengths, fb, skip)
@@ -635,10 +670,11 @@ class DecoderRunner:
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool, stream=self.stream):
                         wave = self._call(codes, lengths, fb, skip)
-                self.graphs[(bb, fb)] = _Captured(graph, codes, lengths, skip, wave)
-                inputs = codes.numel() + lengths.numel() + (0 if skip is None else skip.numel())
+                self.graphs[(bb, fb)] = _Captured(
+                    graph, inputs, codes, lengths, skip, wave, lengths_at, skip_at
+                )
                 for slot in self._free_slots:
-                    slot.reserve(inputs, wave.numel() * wave.element_size())
+                    slot.reserve(inputs.numel(), wave.numel() * wave.element_size())
         log.info(
             "captured %d decoder CUDA graphs (batch %s x frames %s) in %.1f s",
             len(self.graphs),

@@ -5,8 +5,9 @@ given batch size, in two halves: (1) embed the last frames, run the slow transfo
 position per sequence with paged attention and sample the token (over the top-k candidates,
 `sample_prefiltered`); (2) run the fast transformer over the codebooks and sample them. Between
 the halves, the rows whose nucleus is not inside the top-k candidates (rare with a trained model)
-are resampled over the full vocabulary, eagerly and for those rows only, so every token is the
-one the full computation gives.
+are resampled over the full vocabulary, for those rows only (`resample_rows_of_`; from a
+captured graph in `graph_decoder`, else eagerly), so every token is the one the full computation
+gives.
 """
 
 from __future__ import annotations
@@ -381,11 +382,22 @@ def resample_inexact_(
     rows = inexact_rows(None if step.exact is None else step.exact[:live])
     if rows is None:
         return 0
+    resample_rows_of_(model, step, inputs, rows)
+    return int(rows.numel())
+
+
+def resample_rows_of_(
+    model: DualARTransformer, step: TokenStep, inputs: DecodeInputs, rows: Tensor
+) -> None:
+    """Overwrite `step.token[rows]` with each row's full-vocabulary draw (no host sync).
+
+    `rows`: int64 (R,) device indices; a row may repeat (a captured call pads its rows with
+    copies of one of them): each copy draws the same token, from the same seed and counter.
+    """
     # Same shape as the step's own logits (bit-identical GEMM), then the rows: logits of a
     # smaller matmul can round differently and change a token.
     logits = model.slow_logits(step.hidden)[rows]
     resample_rows_(step.token, rows, logits, sampling_of(inputs), inputs.windows[:, 0])
-    return int(rows.numel())
 
 
 def decode_step_codes(

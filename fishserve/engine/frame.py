@@ -93,10 +93,16 @@ def inexact_rows(exact: Tensor | None) -> Tensor | None:
     ``nonzero`` on the device would read its count through pageable memory, which blocks the
     other threads' CUDA calls while it waits (`fishserve.engine.host_copy`).
     """
+    rows = inexact_rows_host(exact)
+    return None if rows is None else to_device(torch.from_numpy(rows), exact.device)
+
+
+def inexact_rows_host(exact: Tensor | None) -> np.ndarray | None:
+    """`inexact_rows` as int64 (R,) host indices, or None (waits for the device)."""
     if exact is None:
         return None
     rows = np.flatnonzero(~download(exact))
-    return to_device(torch.from_numpy(rows), exact.device) if rows.size else None
+    return rows if rows.size else None
 
 
 def resample_rows_(

@@ -11,9 +11,12 @@
 
 A decode step replays token + codes; the rows finishing a prefill replay head + codes, so a
 step that admits a new prompt runs only the prompt's slow pass eagerly. Between the halves, the
-rows the top-k prefilter could not decide are resampled over the full vocabulary
-(`resample_inexact_`), eagerly and for those rows only. A batch is padded to the next bucket
-with neutral rows (null block, context 1); nothing is captured while serving.
+rows the top-k prefilter could not decide are resampled over the full vocabulary, for those
+rows only: from a fallback graph per bucket of row counts (1, 2, 4, ... up to
+`FALLBACK_MAX_ROWS`; the rows padded with copies of the first), else eagerly
+(`resample_rows_of_` either way). One replay instead of ~30 eager operations, each of which
+releases and re-acquires the GIL (docs/benchmarks.md §6.15). A batch is padded to the next
+bucket with neutral rows (null block, context 1); nothing is captured while serving.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -32,15 +36,21 @@ from fishserve.engine.decode_step import (
     carry_frames_,
     decode_step_codes,
     decode_step_token,
-    resample_inexact_,
+    resample_rows_of_,
     sampling_of,
 )
-from fishserve.engine.frame import sample_token
+from fishserve.engine.frame import inexact_rows_host, sample_token
+from fishserve.engine.host_copy import to_device
 from fishserve.engine.kv_cache import PagedKVCache
 from fishserve.engine.staging import StagedInputs
 from fishserve.models.dual_ar import DualARTransformer
 
 log = logging.getLogger(__name__)
+
+
+# Most rows per captured full-vocabulary fallback; a step with more inexact rows resamples them
+# eagerly. With the peaked dummy logits ~10% of rows miss the prefilter (`full_sort_share`).
+FALLBACK_MAX_ROWS = 128
 
 
 def graph_buckets(max_batch: int) -> list[int]:
@@ -53,6 +63,30 @@ def graph_buckets(max_batch: int) -> list[int]:
 
 
 @dataclass
+class _Fallback:
+    """A captured full-vocabulary resampling of `rows.numel()` rows of one bucket's step."""
+
+    graph: torch.cuda.CUDAGraph
+    rows: Tensor  # int64 (R,) on the device: the rows to resample (repeats allowed)
+    host: Tensor  # int64 (R,) pinned: staging for `rows`
+
+    def __post_init__(self) -> None:
+        self._host_np = self.host.numpy()  # no PyTorch call per replay to reach it
+
+    def replay(self, rows: np.ndarray) -> None:
+        """Resample `rows` (int64, 1 to R host indices), padded with copies of the first.
+
+        The pinned staging buffer is rewritten here only after the caller has waited for the
+        stream (`_resample` reads the prefilter's mask first), so the previous replay's copy
+        from it has run.
+        """
+        self._host_np[: rows.size] = rows
+        self._host_np[rows.size :] = rows[0]
+        self.rows.copy_(self.host, non_blocking=True)
+        self.graph.replay()
+
+
+@dataclass
 class _Captured:
     """The graphs of one bucket and their static inputs and outputs."""
 
@@ -62,6 +96,7 @@ class _Captured:
     staged: StagedInputs
     step: TokenStep
     frames: Tensor
+    fallback: dict[int, _Fallback]
 
     @property
     def inputs(self) -> DecodeInputs:
@@ -101,7 +136,8 @@ class CudaGraphDecoder:
 
     Attributes:
         resampled_rows: rows resampled over the full vocabulary so far (prefilter misses).
-        num_captures: buckets captured (three graphs each).
+        num_captures: buckets captured (three graphs each, and with the prefilter a fallback
+            graph per bucket of row counts up to ``min(bucket, FALLBACK_MAX_ROWS)``).
     """
 
     def __init__(
@@ -161,7 +197,25 @@ class CudaGraphDecoder:
                 _head(model, step, inputs, k)
             with torch.cuda.graph(graphs[2], pool=self.pool):
                 frames = decode_step_codes(model, step, inputs, self.compile_codes)
-        return _Captured(*graphs, staged, step, frames)
+        fallback = self._capture_fallback(step, inputs) if step.exact is not None else {}
+        return _Captured(*graphs, staged, step, frames, fallback)
+
+    def _capture_fallback(self, step: TokenStep, inputs: DecodeInputs) -> dict[int, _Fallback]:
+        """A full-vocabulary resampling graph per bucket of row counts (`FALLBACK_MAX_ROWS`)."""
+        out: dict[int, _Fallback] = {}
+        for r in graph_buckets(min(step.token.shape[0], FALLBACK_MAX_ROWS)):
+            rows = torch.zeros(r, dtype=torch.int64, device=self.device)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream), torch.inference_mode():
+                resample_rows_of_(self.model, step, inputs, rows)  # warm-up
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.inference_mode(), torch.cuda.graph(graph, pool=self.pool):
+                resample_rows_of_(self.model, step, inputs, rows)
+            host = torch.zeros(r, dtype=torch.int64, pin_memory=True)
+            out[r] = _Fallback(graph, rows, host)
+        return out
 
     @property
     def max_batch(self) -> int:
@@ -213,10 +267,24 @@ class CudaGraphDecoder:
         if captured is None:
             raise ValueError("finish() takes a launch from this decoder's graphs")
         with torch.inference_mode():
-            step, inputs, live = captured.step, captured.inputs, launched.live
-            self.resampled_rows += resample_inexact_(self.model, step, inputs, live)
+            self.resampled_rows += self._resample(captured, launched.live)
         captured.codes_graph.replay()
         return captured.frames[: launched.live].clone()
+
+    def _resample(self, captured: _Captured, live: int) -> int:
+        """Resample the first `live` rows the prefilter could not decide (host sync): from
+        the smallest fallback graph that holds them, else eagerly. Returns how many."""
+        step = captured.step
+        rows = inexact_rows_host(None if step.exact is None else step.exact[:live])
+        if rows is None:
+            return 0
+        bucket = next((r for r in captured.fallback if r >= rows.size), None)
+        if bucket is None:
+            rows_t = to_device(torch.from_numpy(rows), self.device)
+            resample_rows_of_(self.model, step, captured.inputs, rows_t)
+        else:
+            captured.fallback[bucket].replay(rows)
+        return int(rows.size)
 
     def run_head(self, hidden: Tensor, sampling: SamplingInputs) -> Tensor:
         """Frames of S rows from their slow hidden states (the rows finishing a prefill).

@@ -350,7 +350,9 @@ class ModelRunner:
         """
         if not outputs:
             return []
-        frames = self._frames_down.download(torch.cat([f for _, f in outputs]))
+        # one output (the usual step) needs no concatenation: one PyTorch call less per step
+        parts = [f for _, f in outputs]
+        frames = self._frames_down.download(parts[0] if len(parts) == 1 else torch.cat(parts))
         seqs = [seq for group, _ in outputs for seq in group]
         return list(zip(seqs, frames, strict=True))
 

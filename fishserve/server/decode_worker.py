@@ -138,6 +138,11 @@ class DecodeWorker:
         # Pipelined: a second thread waits for each launched call's GPU work and wakes the
         # worker through its inbox, so the worker waits for "a job arrived or a call ended".
         self._gpu_waits: queue.SimpleQueue[PendingDecode | None] = queue.SimpleQueue()
+        # The calls whose GPU work the waiter has seen end: the worker reads readiness from
+        # here instead of querying CUDA events (each PyTorch call costs a round trip of the
+        # engine process's contended GIL, docs/benchmarks.md §6.15).
+        self._gpu_done: set[PendingDecode] = set()
+        self._waiter_gone = False
         self._waiter = threading.Thread(
             target=self._wait_gpu_loop, name="fishserve-decoder-wait", daemon=True
         )
@@ -225,9 +230,14 @@ class DecodeWorker:
     def _wait_gpu_loop(self) -> None:
         """The waiter thread: for each launched call, wait for its GPU work, then wake the
         worker (errors are the worker's to see, when it reads the call's result)."""
-        while (call := self._gpu_waits.get()) is not None:
-            with contextlib.suppress(Exception):
-                call.wait_gpu()
+        try:
+            while (call := self._gpu_waits.get()) is not None:
+                with contextlib.suppress(Exception):
+                    call.wait_gpu()
+                self._gpu_done.add(call)  # before the wake-up, which makes the worker look
+                self._inbox.put(_WAKE)
+        finally:  # ended by anything else: the worker asks the calls itself from now on
+            self._waiter_gone = True  # before the wake-up, which makes the worker look
             self._inbox.put(_WAKE)
 
     def _fail_leftovers(self) -> None:
@@ -238,6 +248,7 @@ class DecodeWorker:
         leftovers, self._heap = self._heap, []
         while self._inflight:  # launched, but their audio will never be read
             _fail_unfinished(self._inflight.popleft()[1])
+        self._gpu_done.clear()
         self._lag = 0.0  # a stopped decoder is not "late": `alive` says what it is
         while not self._inbox.empty():
             item = self._inbox.get_nowait()
@@ -285,7 +296,20 @@ class DecodeWorker:
 
     def _gpu_busy(self) -> bool:
         """Whether a launched call's GPU work is still running (never blocks)."""
-        return any(not _ready(call) for call, _, _ in self._inflight)
+        return any(not self._gpu_finished(call) for call, _, _ in self._inflight)
+
+    def _gpu_finished(self, call: PendingDecode) -> bool:
+        """Whether `call`'s GPU work is done (never blocks): pipelined, as the waiter thread
+        saw it (it wakes the worker right after); else, or if the waiter has died, by asking
+        the call (`_ready`)."""
+        if self._waited():
+            return call in self._gpu_done
+        return _ready(call)
+
+    def _waited(self) -> bool:
+        """Whether the waiter thread tells this worker when calls end (pipelined, and the
+        waiter has not ended)."""
+        return self.depth > 1 and not self._waiter_gone
 
     def _launch_next(self) -> bool:
         """Launch the next call from the queue (in the GPU turn); True on the stop sentinel."""
@@ -301,10 +325,10 @@ class DecodeWorker:
         """Hand the oldest call's audio out if its GPU work is done; else wait for that, or
         (pipelined) for a new job, whichever comes first. True on the stop sentinel."""
         call = self._inflight[0][0]
-        if _ready(call):
+        if self._gpu_finished(call):
             self._finish(self._inflight.popleft())
             return False
-        if self.depth == 1:
+        if not self._waited():  # nobody will wake this thread when the call ends
             with contextlib.suppress(Exception):  # `_finish` sees it again in `result`
                 call.wait_gpu()
             return False
@@ -414,6 +438,7 @@ class DecodeWorker:
     def _finish(self, launched: _Call) -> None:
         """Hand a launched call's audio to its requests (waits for the call if needed)."""
         call, live, started = launched
+        self._gpu_done.discard(call)
         try:
             audio = call.result()
             if len(audio) != len(live):

@@ -283,3 +283,49 @@ def test_cuda_calls_in_flight_on_one_graph_keep_their_own_audio(
     got = first.result() + second.result()
     for a, b in zip(got, want, strict=True):
         assert a.shape == b.shape and np.abs(a - b).max() <= 1e-4
+
+
+def test_a_slot_uploads_its_arrays_at_their_offsets_in_one_copy() -> None:
+    from fishserve.audio.decoder_runner import _Slot
+
+    slot = _Slot(torch.device("cpu"))
+    dst = torch.full((12,), -1, dtype=torch.int64)
+    codes, lengths, skip = np.arange(6).reshape(2, 3), np.array([7, 8]), np.array([[9, 10, 11]])
+    slot.upload(dst, [(0, codes), (6, lengths), (9, skip)])
+    got = dst.tolist()
+    assert got[:8] == [0, 1, 2, 3, 4, 5, 7, 8] and got[9:] == [9, 10, 11]
+    slot.upload(dst[:8], [(0, codes + 1), (6, lengths)])  # staging reused, the rest untouched
+    assert dst.tolist()[:8] == [1, 2, 3, 4, 5, 6, 7, 8] and dst.tolist()[9:] == [9, 10, 11]
+    with pytest.raises(ValueError, match="3 elements at 10 do not fit a tensor of 12"):
+        slot.upload(dst, [(10, skip)])
+
+
+def test_graph_inputs_are_views_of_one_upload(tiny_decoder: FireflyGenerator) -> None:
+    runner = DecoderRunner(tiny_decoder, max_batch=4, frame_buckets=(16,))
+    shape = (3, tiny_decoder.config.n_groups, 17)  # an odd number of codes
+    flat, codes, lengths, skip, lengths_at, _ = runner._graph_inputs(shape, 16)
+    assert skip is None  # the PyTorch head has no skip table
+    assert lengths_at % 16 == 0 and lengths_at >= codes.numel()  # 128-byte aligned views
+    assert flat.numel() == lengths_at + 3
+    assert lengths.tolist() == [17] * 3 and not codes.any()
+    flat.copy_(torch.arange(flat.numel()))
+    assert codes.flatten().tolist() == list(range(codes.numel()))
+    assert lengths.tolist() == list(range(lengths_at, lengths_at + 3))
+
+
+def test_graph_inputs_lay_out_a_skip_table_after_the_lengths(tiny_decoder, monkeypatch) -> None:
+    from fishserve.audio.decoder_runner import _Slot
+
+    runner = DecoderRunner(tiny_decoder, max_batch=4, frame_buckets=(16,))
+    monkeypatch.setattr(runner, "_skip_rows", lambda frames, width: 5)  # a trimmed head's
+    shape = (3, tiny_decoder.config.n_groups, 17)
+    flat, codes, lengths, skip, lengths_at, skip_at = runner._graph_inputs(shape, 16)
+    assert skip is not None and skip.shape == (5, 3) and not skip.any()
+    assert skip_at % 16 == 0 and skip_at >= lengths_at + 3 and flat.numel() == skip_at + 15
+    table = np.arange(15).reshape(5, 3) + 100
+    host_codes = np.arange(codes.numel()).reshape(shape)
+    _Slot(torch.device("cpu")).upload(
+        flat, [(0, host_codes), (lengths_at, np.array([9, 8, 7])), (skip_at, table)]
+    )
+    assert np.array_equal(codes.cpu().numpy(), host_codes) and lengths.tolist() == [9, 8, 7]
+    assert np.array_equal(skip.cpu().numpy(), table)

@@ -227,3 +227,57 @@ def test_the_engine_counts_the_draws_the_prefilter_left_to_the_full_sort(
         counts[static, k] = engine.stats().full_sort_rows
     assert counts[True, 0] == counts[False, 0] == 0
     assert counts[True, 8] > 0 and counts[False, 8] > 0
+
+
+def test_resampling_rows_padded_with_copies_of_the_first_gives_the_same_tokens() -> None:
+    # a captured fallback pads its rows to a bucket with copies of the first row
+    p = batch(8, seed=9)
+    logits = logits_of(8, scale=0.5, seed=10)  # flat: every row needs the full sort
+    window = torch.randint(0, V, (8, 16))
+    plain = torch.full((8,), -1, dtype=torch.int64)
+    rows = torch.tensor([1, 4, 5])
+    resample_rows_(plain, rows, logits[rows], p, window)
+    padded = torch.full((8,), -1, dtype=torch.int64)
+    rows_padded = torch.tensor([1, 4, 5, 1, 1])
+    resample_rows_(padded, rows_padded, logits[rows_padded], p, window)
+    assert torch.equal(padded, plain)
+    assert (plain[rows] >= 0).all() and (plain[[0, 2, 3, 6, 7]] == -1).all()
+    assert torch.equal(plain[rows], full_tokens(logits, p, window)[rows])
+
+
+def test_inexact_rows_host_gives_the_indices_or_none() -> None:
+    from fishserve.engine.frame import inexact_rows_host
+
+    assert inexact_rows_host(None) is None
+    assert inexact_rows_host(torch.ones(4, dtype=torch.bool)) is None
+    mask = torch.tensor([True, False, True, False])
+    assert inexact_rows_host(mask).tolist() == [1, 3]
+    assert inexact_rows(mask).tolist() == [1, 3]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_captured_fallback_gives_the_tokens_of_the_full_sort(tiny_tokenizer) -> None:
+    """On CUDA the rows the prefilter leaves (all of them: the tiny model's logits are flat)
+    are resampled by a captured fallback graph: the frames are the full sort's."""
+    from conftest import load_tiny_model
+
+    model = load_tiny_model().cuda()
+    requests = [
+        GenerationRequest(
+            "Hello there.",
+            [],
+            SamplingParams(0.8, 0.9, 1.2, seed=i),
+            max_new_tokens=6,
+            ignore_eos=True,
+            request_id=f"r{i}",
+        )
+        for i in range(3)
+    ]
+    full = run_engine(make_engine(model, tiny_tokenizer, top_k_prefilter=0), requests)
+    engine = make_engine(model, tiny_tokenizer, top_k_prefilter=8)
+    graphs = engine.runner.graphs
+    assert graphs is not None and all(captured.fallback for captured in graphs.graphs.values())
+    got = run_engine(engine, requests)
+    assert engine.stats().full_sort_rows > 0
+    for rid, (codes, _) in full.items():
+        assert torch.equal(got[rid][0], codes)

@@ -530,6 +530,7 @@ class StepCall:
         self.done = threading.Event()
 
     def ready(self) -> bool:
+        self.runner.queries += 1
         return self.done.is_set()
 
     def wait_gpu(self) -> None:
@@ -556,6 +557,7 @@ class StepRunner(GatedRunner):
         self.fail_result: int | None = None
         self.auto_done = auto_done
         self.in_flight = self.most_in_flight = 0
+        self.queries = 0  # StepCall.ready() calls (on CUDA each is an event query)
 
     def start_jobs(self, jobs: list[DecodeJob]) -> StepCall:  # type: ignore[override]
         tags = [int(job.codes[0, 0]) for job in jobs]
@@ -605,6 +607,27 @@ def test_the_next_call_launches_when_the_gpu_is_done_before_the_audio_is_handed_
     finally:
         worker.shutdown()
     assert runner.log == [("launch", [1]), ("launch", [2, 3]), ("result", [1]), ("result", [2, 3])]
+
+
+def test_pipelined_worker_learns_that_a_call_is_done_from_its_waiter_not_by_querying() -> None:
+    runner = StepRunner(max_batch=2)
+    worker = DecodeWorker(runner)  # type: ignore[arg-type]
+    worker.start()
+    try:
+        futures = [worker.submit(job(1))]
+        call_a = runner.next_call()
+        futures += [worker.submit(job(tag)) for tag in (2, 3, 4, 5)]  # wake the worker often
+        call_b = runner.next_call()  # a full call, behind the running one
+        assert runner.no_launch()  # two in flight
+        call_a.done.set()
+        call_c = runner.next_call()  # launched once the waiter saw call A end
+        assert call_c.tags == [4, 5]
+        call_b.done.set()
+        call_c.done.set()
+        assert [f.result(5)[0] for f in futures] == [1, 2, 3, 4, 5]
+    finally:
+        worker.shutdown()
+    assert runner.queries == 0
 
 
 def test_a_full_call_queued_launches_behind_the_running_one_two_at_most() -> None:
@@ -755,5 +778,38 @@ def test_an_error_at_the_gpu_sync_fails_its_call_not_the_thread(pipeline: bool) 
             worker.submit(job(9)).result(5)
         assert worker.alive
         assert worker.submit(job(1)).result(5)[0] == 1
+    finally:
+        worker.shutdown()
+
+
+def test_a_pipelined_worker_goes_on_if_its_waiter_thread_dies() -> None:
+    """Readiness comes from the waiter thread; if that thread ends (only a BaseException could
+    end it), the worker waits for its calls itself instead of waiting for a wake-up forever."""
+
+    class DyingWaiterCall(StepCall):
+        def wait_gpu(self) -> None:
+            if threading.current_thread().name == "fishserve-decoder-wait":
+                raise SystemExit  # ends the waiter thread quietly
+            super().wait_gpu()
+
+    class Runner(StepRunner):
+        def start_jobs(self, jobs):  # type: ignore[override]
+            call = super().start_jobs(jobs)
+            call.__class__ = DyingWaiterCall
+            return call
+
+    runner = Runner(max_batch=2)
+    worker = DecodeWorker(runner)  # type: ignore[arg-type]
+    worker.start()
+    try:
+        first = worker.submit(job(1))
+        call_a = runner.next_call()
+        call_a.done.set()
+        assert first.result(5)[0] == 1
+        second = worker.submit(job(2))
+        runner.next_call().done.set()
+        assert second.result(5)[0] == 2
+        worker._waiter.join(timeout=5)
+        assert not worker._waiter.is_alive()
     finally:
         worker.shutdown()
