@@ -101,8 +101,9 @@ class Metrics:
         self.gpu_busy = Counter(
             "fishserve:gpu_busy_seconds_total",
             "Time the device spent on each component's work: llm (engine steps) and decoder "
-            "(audio decode calls, on their own CUDA stream), measured with CUDA events (host "
-            "wall time on CPU). Both can run at once, so their sum can exceed wall time.",
+            "(audio decode calls, on their own CUDA stream), measured with CUDA events on a "
+            "random one in eight units of work, each counted eight times (host wall time of "
+            "every unit on CPU). Both can run at once, so their sum can exceed wall time.",
             ["component"],
             registry=r,
         )

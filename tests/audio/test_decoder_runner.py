@@ -21,6 +21,7 @@ from fishserve.audio.decoder_runner import (
     new_frame_buckets_for,
 )
 from fishserve.audio.streaming import ChunkPolicy, StreamingDecoder
+from fishserve.engine import busy_timer
 from fishserve.engine.sm_partition import SMPartitionError, check_sm_count, device_sm_count
 from fishserve.models.firefly import FireflyConfig, FireflyGenerator
 
@@ -180,7 +181,8 @@ def test_channels_last_head_equals_conv1d_head(tiny_decoder: FireflyGenerator) -
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_graph_runner_matches_eager(tiny_decoder: FireflyGenerator) -> None:
+def test_cuda_graph_runner_matches_eager(tiny_decoder: FireflyGenerator, monkeypatch) -> None:
+    monkeypatch.setattr(busy_timer, "SAMPLE_EVERY", 1)  # time every call: a handful here
     gpu = tiny_decoder.to("cuda")
     runner = DecoderRunner(gpu, max_batch=4, frame_buckets=(16, 72))
     assert runner.num_captures == 4 * 2 and runner.stream is not None
@@ -201,9 +203,10 @@ def test_sm_partition_needs_cuda(tiny_decoder: FireflyGenerator) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_runner_on_an_sm_partition_matches_the_full_gpu(
-    tiny_decoder: FireflyGenerator,
+    tiny_decoder: FireflyGenerator, monkeypatch
 ) -> None:
     """Graphs captured on a green context's stream decode the same audio."""
+    monkeypatch.setattr(busy_timer, "SAMPLE_EVERY", 1)  # time every call: a handful here
     gpu = tiny_decoder.to("cuda")
     total = device_sm_count(gpu.device)
     try:
