@@ -250,7 +250,7 @@ class CudaGraphDecoder:
         b = host.columns.shape[0]
         bucket = next(size for size in self.buckets if size >= b)
         captured = self.graphs[bucket]
-        captured.staged.stage(host)  # NumPy writes, then one upload per dtype
+        captured.staged.stage(host)  # NumPy writes, then one upload
         captured.staged.upload()
         self._filled[bucket] = b  # the upload left rows b.. neutral on the device
         if carry is not None:

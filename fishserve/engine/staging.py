@@ -1,11 +1,12 @@
-"""One host-to-device copy per dtype for a captured step's inputs.
+"""One host-to-device copy for a captured step's inputs.
 
 A captured decode step reads a dozen static input tensors (`DecodeInputs`). Copying them one
 by one costs a dozen PyTorch calls per step, and each call releases and re-acquires the GIL:
-with the HTTP event loop busy in another thread, that wait (up to a switch interval) is paid
-per call. `StagedInputs` lays the static inputs of one bucket out in one device buffer per
-dtype (int64, int32, float32), mirrored by a pinned host buffer. A step writes its rows into
-the host buffer with NumPy (no PyTorch call) and uploads three buffers.
+with other threads of the engine's process busy, that wait (~0.5 ms under load on an H200,
+docs/benchmarks.md §6.15) is paid per call. `StagedInputs` lays the static inputs of one
+bucket out in one device byte buffer (each field a typed view at a 128-byte aligned offset),
+mirrored by a pinned host buffer. A step writes its rows into the host buffer with NumPy (no
+PyTorch call) and uploads it with one copy.
 """
 
 from __future__ import annotations
@@ -17,37 +18,47 @@ import torch
 
 from fishserve.engine.decode_step import DecodeInputs
 
+ALIGN = 128  # bytes: each field's view starts at a multiple (any dtype's alignment, and a
+# cache line / global-memory transaction, so the views load as fast as separate tensors)
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
 
 class StagedInputs:
-    """Static `DecodeInputs` of `rows` rows backed by one device buffer per dtype.
+    """Static `DecodeInputs` of `rows` rows backed by one device byte buffer.
 
     Args:
         neutral: DecodeInputs of `rows` rows (any device) holding the neutral padding values;
             its shapes and dtypes define the layout.
-        device: the CUDA device of the static inputs.
+        device: the CUDA device of the static inputs (or the CPU, for tests).
 
     Attributes:
-        inputs: the static device inputs (views into the device buffers): capture graphs
+        inputs: the static device inputs (typed views into the device buffer): capture graphs
             with these.
+        nbytes: bytes per upload (the fields, each padded to `ALIGN`).
     """
 
     def __init__(self, neutral: DecodeInputs, device: torch.device) -> None:
         self.rows = neutral.columns.shape[0]
         self._neutral = {f.name: getattr(neutral, f.name).cpu().numpy() for f in fields(neutral)}
-        sizes: dict[torch.dtype, int] = {}
         spans: dict[str, tuple[torch.dtype, int, tuple[int, ...]]] = {}
+        self.nbytes = 0
         for f in fields(neutral):
             t = getattr(neutral, f.name)
-            spans[f.name] = (t.dtype, sizes.get(t.dtype, 0), tuple(t.shape))
-            sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
+            spans[f.name] = (t.dtype, self.nbytes, tuple(t.shape))
+            self.nbytes += _aligned(t.numel() * t.element_size())
         pinned = device.type == "cuda"
-        self._device = {d: torch.empty(n, dtype=d, device=device) for d, n in sizes.items()}
-        self._host = {d: torch.empty(n, dtype=d, pin_memory=pinned) for d, n in sizes.items()}
+        self._device = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+        self._host = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pinned)
+        host_bytes = self._host.numpy()
         views, self._host_views = {}, {}
         for name, (dtype, offset, shape) in spans.items():
-            numel = int(np.prod(shape))
-            views[name] = self._device[dtype][offset : offset + numel].view(shape)
-            host = self._host[dtype].numpy()[offset : offset + numel].reshape(shape)
+            size = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+            views[name] = self._device[offset : offset + size].view(dtype).view(shape)
+            np_dtype = self._neutral[name].dtype
+            host = host_bytes[offset : offset + size].view(np_dtype).reshape(shape)
             host[...] = self._neutral[name]
             self._host_views[name] = host
         self.inputs = DecodeInputs(**views)
@@ -66,10 +77,9 @@ class StagedInputs:
         self._filled = b
 
     def upload(self) -> None:
-        """Copy the host buffers to the device (asynchronous from pinned memory).
+        """Copy the host buffer to the device: one copy (asynchronous from pinned memory).
 
-        The host buffers must not be written again before the copy ran: callers synchronise
+        The host buffer must not be written again before the copy ran: callers synchronise
         with the device once per step (the frames' device-to-host copy) before staging again.
         """
-        for dtype, device_buf in self._device.items():
-            device_buf.copy_(self._host[dtype], non_blocking=True)
+        self._device.copy_(self._host, non_blocking=True)

@@ -1,4 +1,4 @@
-"""Staged static inputs: one upload per dtype fills every field, padding rows stay neutral."""
+"""Staged static inputs: one upload fills every field, padding rows stay neutral."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fishserve.engine.decode_step import DecodeInputs
-from fishserve.engine.staging import StagedInputs
+from fishserve.engine.staging import ALIGN, StagedInputs
 
 
 def random_inputs(rows: int, seed: int) -> DecodeInputs:
@@ -38,3 +38,16 @@ def test_stage_and_upload_fill_rows_and_reset_the_rest():
             assert torch.equal(got[rows:], getattr(neutral, f.name)[rows:]), f.name
     with pytest.raises(ValueError, match="do not fit"):
         staged.stage(random_inputs(9, 4))
+
+
+def test_every_field_is_an_aligned_view_of_one_buffer():
+    cpu = torch.device("cpu")
+    staged = StagedInputs(DecodeInputs.empty(3, 5, 7, cpu), cpu)  # odd sizes: padding needed
+    views = [getattr(staged.inputs, f.name) for f in fields(staged.inputs)]
+    base = views[0].untyped_storage().data_ptr()
+    assert len({v.dtype for v in views}) >= 3  # int64, int32 and float32 fields share it
+    for v in views:
+        assert v.untyped_storage().data_ptr() == base  # one buffer, so one copy uploads all
+        assert (v.data_ptr() - base) % ALIGN == 0
+    assert staged.nbytes % ALIGN == 0
+    assert staged.nbytes >= sum(v.numel() * v.element_size() for v in views)
