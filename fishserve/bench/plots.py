@@ -166,12 +166,27 @@ def plot_memory(samples: list[MemorySample], path: Path) -> None:
     plt.close(fig)
 
 
+PLOT_NAMES = ("latency.png", "throughput.png", "memory.png", "capacity.png")
+
+
+def remove_stale(output_dir: Path, names: tuple[str, ...]) -> list[Path]:
+    """Delete the files `names` in `output_dir` (plots of an earlier run that this run could
+    not redraw, so that they are not taken for its own); return the deleted paths."""
+    stale = [output_dir / n for n in names if (output_dir / n).is_file()]
+    for path in stale:
+        path.unlink()
+    return stale
+
+
 def write_plots(
     levels: list[LevelSummary], samples: list[MemorySample], name: str, output_dir: Path
 ) -> list[Path]:
-    """Write the four PNGs into `output_dir`; return their paths."""
-    names = ("latency.png", "throughput.png", "memory.png", "capacity.png")
-    paths = [output_dir / n for n in names]
+    """Write the four PNGs (`PLOT_NAMES`) into `output_dir`; return their paths.
+
+    Raises:
+        ImportError: matplotlib is not installed (the `bench` extra).
+    """
+    paths = [output_dir / n for n in PLOT_NAMES]
     plot_latency(levels, name, paths[0])
     plot_throughput(levels, name, paths[1])
     plot_memory(samples, paths[2])

@@ -32,7 +32,7 @@ import fishserve
 from fishserve.bench.client import RequestRecord, Target, open_clients
 from fishserve.bench.load import DoneFn
 from fishserve.bench.memory import MemoryMonitor, MemorySource, read_health
-from fishserve.bench.plots import write_plots
+from fishserve.bench.plots import PLOT_NAMES, remove_stale, write_plots
 from fishserve.bench.report import BenchReport, capacity_lines, markdown_table, write_report
 from fishserve.bench.server_counters import rates, read_counters
 from fishserve.bench.shares import run_load, run_share, send_indexed, share_plan, share_pool
@@ -290,7 +290,10 @@ def run_bench(opts: BenchOptions, console: Console) -> BenchReport:
     try:
         paths += write_plots(report.levels, report.memory, opts.level_name, opts.output_dir)
     except ImportError as exc:  # matplotlib is an extra: the reports are written without it
-        console.print(f"plots skipped ({exc})", highlight=False, markup=False)
+        stale = remove_stale(opts.output_dir, PLOT_NAMES)
+        plural = "s" if len(stale) != 1 else ""
+        note = f"; removed {len(stale)} plot{plural} of an earlier run there" if stale else ""
+        console.print(f"plots skipped ({exc}){note}", highlight=False, markup=False)
     console.print(
         "\n".join([markdown_table(report.levels, opts.level_name), *capacity_lines(report)]),
         highlight=False,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import fishserve
+from fishserve.bench.plots import remove_stale
 from fishserve.eval.mcd import HOP, N_FFT, N_MELS, ORDER
 
 if TYPE_CHECKING:
@@ -165,19 +166,28 @@ def plot_results(results: list[ConfigResult], path: Path) -> None:
     plt.close(fig)
 
 
+PLOT_NAME = "eval.png"
+
+
 def write_eval_report(
     opts: EvalOptions,
     ref: Reference,
     results: list[ConfigResult],
     device: torch.device,
     output_dir: Path,
-) -> list[Path]:
-    """Write eval.json, eval.md and eval.png; return their paths."""
+) -> tuple[list[Path], str | None]:
+    """Write eval.json and eval.md, and eval.png where matplotlib is installed; return the
+    paths written and a note for the user when the plot was skipped (else None)."""
     output_dir.mkdir(parents=True, exist_ok=True)
     meta = run_meta(opts, ref, device)
-    paths = [output_dir / n for n in ("eval.json", "eval.md", "eval.png")]
+    paths = [output_dir / n for n in ("eval.json", "eval.md", PLOT_NAME)]
     rows = [dataclasses.asdict(r) for r in results]
     paths[0].write_text(json.dumps({"meta": meta, "results": rows}, indent=2, ensure_ascii=False))
     paths[1].write_text(markdown_report(meta, results), encoding="utf-8")
-    plot_results(results, paths[2])
-    return paths
+    try:
+        plot_results(results, paths[2])
+    except ImportError as exc:  # matplotlib is an extra: the reports are written without it
+        stale = remove_stale(output_dir, (PLOT_NAME,))
+        note = f"; removed the {PLOT_NAME} of an earlier run there" if stale else ""
+        return paths[:2], f"plot skipped ({exc}){note}"
+    return paths, None

@@ -124,9 +124,10 @@ def run_requests(
     opts: EvalOptions, loaded: Loaded, memory: DeviceMemory, result: ConfigResult | None
 ) -> Outputs:
     """Generate and decode both requests (timed and peak-measured into `result`)."""
-    if loaded.engine.device.type == "cuda":  # first kernels and allocations, not timed
-        warmup = Prompt("warmup", opts.short_text, WARMUP_FRAMES)
-        generate(loaded.engine, warmup, opts.seed, opts.params)
+    # First kernels and allocations, not timed (on every device: on a CPU the first
+    # configuration's timing otherwise carried one-time costs, 4-10x its later runs).
+    warmup = Prompt("warmup", opts.short_text, WARMUP_FRAMES)
+    generate(loaded.engine, warmup, opts.seed, opts.params)
     outputs = Outputs({}, {})
     for prompt in make_prompts(opts, loaded):
         memory.reset_peak()
@@ -233,7 +234,9 @@ def run_eval(opts: EvalOptions, console: Console) -> list[ConfigResult]:
             progress.update(task, advance=1, description=config.name)
             results.append(evaluate_safely(opts, config, ref, device, console))
         progress.update(task, advance=1, description="done")
-    paths = write_eval_report(opts, ref, results, device, opts.output_dir)
+    paths, note = write_eval_report(opts, ref, results, device, opts.output_dir)
+    if note is not None:
+        console.print(note, highlight=False, markup=False)
     console.print(f"wrote {', '.join(str(p) for p in paths)}", highlight=False, markup=False)
     return results
 

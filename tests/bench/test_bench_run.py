@@ -169,8 +169,14 @@ def test_without_matplotlib_the_reports_are_written_and_the_plots_skipped(
         raise ImportError("plots need matplotlib: pip install -e '.[bench]'")
 
     monkeypatch.setattr(bench_run, "write_plots", no_matplotlib)
+    (tmp_path / "latency.png").write_bytes(b"\x89PNG an earlier run's")  # not this run's
+    (tmp_path / "notes.png").write_bytes(b"\x89PNG the user's own")
     out = io.StringIO()
     report = run_bench(options(url, tmp_path, levels=[1]), Console(file=out, width=200))
     assert report.levels[0].ok == report.levels[0].requests > 0
     assert (tmp_path / "bench.json").exists() and (tmp_path / "bench.md").exists()
-    assert "plots skipped (plots need matplotlib: pip install -e '.[bench]')" in out.getvalue()
+    assert not (tmp_path / "latency.png").exists() and (tmp_path / "notes.png").exists()
+    assert (
+        "plots skipped (plots need matplotlib: pip install -e '.[bench]'); removed 1 plot of an "
+        "earlier run there" in out.getvalue()
+    )

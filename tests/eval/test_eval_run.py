@@ -110,3 +110,33 @@ def test_cli_eval(tmp_path, one_thread):
     assert "| fp32/fp32 |" in (tmp_path / "eval.md").read_text()
     bad = CliRunner().invoke(app, [*args[:-2], "--configs", "fp64/fp32"])
     assert bad.exit_code == 2 and "fp64/fp32" in bad.output
+
+
+def test_without_matplotlib_eval_writes_its_reports_and_removes_a_stale_plot(
+    tmp_path, monkeypatch, one_thread
+):
+    import io
+
+    import fishserve.eval.report as report
+
+    def no_matplotlib(*args: object, **kwargs: object) -> None:
+        raise ImportError("plots need matplotlib: pip install -e '.[bench]'")
+
+    monkeypatch.setattr(report, "plot_results", no_matplotlib)
+    (tmp_path / "eval.png").write_bytes(b"\x89PNG an earlier run's")
+    opts = EvalOptions(
+        source=SOURCE,
+        configs=parse_configs("fp32/fp32"),
+        device="cpu",
+        short_seconds=0.02,
+        long_seconds=0.03,
+        output_dir=tmp_path,
+    )
+    out = io.StringIO()
+    results = run_eval(opts, Console(file=out, width=200))
+    assert [r.config for r in results] == ["fp32/fp32"]
+    assert (tmp_path / "eval.json").exists() and (tmp_path / "eval.md").exists()
+    assert not (tmp_path / "eval.png").exists()
+    text = out.getvalue()
+    assert "plot skipped (plots need matplotlib" in text
+    assert "removed the eval.png of an earlier run there" in text
