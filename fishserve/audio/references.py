@@ -13,8 +13,9 @@ Rejected with :class:`ReferenceAudioError` (a ``ValueError``, so a 4xx for the s
 * ``"too_short"``: shorter than one code frame (``frame_samples`` samples, 46 ms released);
 * ``"too_long"``: longer than ``max_seconds`` (default 30 s; long references push the prompt
   past the model context). Decoding stops as soon as the limit is passed;
-* ``"silent"``: peak ``|x|`` of the mono 44.1 kHz signal below ``silence_peak`` (default 1e-3,
-  i.e. -60 dBFS);
+* ``"silent"``: peak ``|x - mean(x)|`` of the mono 44.1 kHz signal below ``silence_peak``
+  (default 1e-3, i.e. -60 dBFS): no sound, or only a constant (DC) offset, such as a float
+  file of NaN that a client wrote as 16-bit PCM (all -1.0);
 * ``"too_loud"``: peak above ``MAX_PEAK`` (+24 dBFS: float audio scaled far past full scale,
   which the encoder cannot turn into valid codes); or codes outside the codebook after
   encoding (a safety net: such a voice could never be used).
@@ -116,10 +117,11 @@ def prepare_reference_audio(
     peak = float(np.abs(audio).max())
     if peak == 0:
         raise ReferenceAudioError("silent", f"{label} is silent (every sample is zero)")
-    if peak < silence_peak:
+    sound = float(np.abs(audio - audio.mean(dtype=np.float64)).max())  # without a DC offset
+    if sound < silence_peak:
+        level = f"peak {_dbfs(sound)} dBFS" if sound > 0 else f"a constant {_dbfs(peak)} dBFS"
         raise ReferenceAudioError(
-            "silent",
-            f"{label} is silent (peak {_dbfs(peak)} dBFS, below {_dbfs(silence_peak)} dBFS)",
+            "silent", f"{label} is silent ({level}, below {_dbfs(silence_peak)} dBFS of sound)"
         )
     if peak > MAX_PEAK:
         raise ReferenceAudioError(

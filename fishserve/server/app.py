@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fishserve.server.config import ServerConfig
 from fishserve.server.errors import (
+    CLOSE,
     HANDLED,
     BodyTimeoutError,
     BodyTooLargeError,
@@ -31,6 +32,7 @@ from fishserve.server.errors import (
     log_stream_failure,
     log_unexpected,
     response_for,
+    shutting_down,
 )
 from fishserve.server.routes_admin import router as admin_router
 from fishserve.server.routes_tts import ARRIVAL_KEY
@@ -124,7 +126,10 @@ class GuardMiddleware:
     * 401 without the bearer API key (when set), except on `OPEN_PATHS`;
     * 413 when Content-Length, or the bytes received so far, exceed `max_body_bytes`
       (chunked uploads included); 408 when the body is not complete `request_timeout`
-      seconds after arrival (a stalled or very slow upload, on any route);
+      seconds after arrival (a stalled or very slow upload, on any route); both close the
+      connection (the unread body is not a next request);
+    * a request cancelled by uvicorn before its response started (the shutdown timeout is
+      over): JSON 503 with Retry-After instead of uvicorn's plain-text 500;
     * an exception no handler took: logged with its traceback, JSON 500;
     * an exception after the response started (a stream failing part-way): one log line, and
       the connection is closed without the terminating chunk;
@@ -152,6 +157,13 @@ class GuardMiddleware:
             await self.app(scope, call.receive, call.send)
         except Exception as exc:
             await self._failed(scope, call, exc)
+        except asyncio.CancelledError:
+            # uvicorn cancels what still runs when `shutdown_timeout` is over; without an
+            # answer here it would send a plain-text 500 for a response not yet started
+            if not call.started:
+                self.state.metrics.refused(503)
+                await shutting_down()(scope, call.receive, call.send)
+            raise
 
     def _refusal(self, scope: Scope) -> Response | None:
         config = self.state.config
@@ -166,6 +178,7 @@ class GuardMiddleware:
                 413,
                 f"request body of {length} bytes exceeds the limit of "
                 f"{config.max_body_bytes} bytes",
+                headers=CLOSE,
             )
         return None
 
@@ -179,7 +192,8 @@ class GuardMiddleware:
             _ABORTED.set(True)  # returning without the final body message aborts the response
         elif isinstance(exc, BodyTooLargeError | BodyTimeoutError):  # where no handler saw it
             self.state.metrics.refused(exc.status_code)
-            await error_response(exc.status_code, str(exc.detail))(scope, call.receive, call.send)
+            response = error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+            await response(scope, call.receive, call.send)
         else:
             log_unexpected(exc, where)
             await response_for(exc)(scope, call.receive, call.send)

@@ -48,6 +48,11 @@ class ApiError(ValueError):
         self.status, self.message, self.param, self.headers = status, message, param, headers
 
 
+# Refusals answered before the whole body was read: the rest of it would be taken for the
+# next request on the connection, so the server closes it after the response.
+CLOSE = {"Connection": "close"}
+
+
 class BodyTooLargeError(HTTPException):
     """The request body grew past `max_body_bytes` while it was received (HTTP 413).
 
@@ -55,7 +60,8 @@ class BodyTooLargeError(HTTPException):
     """
 
     def __init__(self, limit: int) -> None:
-        super().__init__(413, f"request body exceeds the limit of {limit} bytes")
+        message = f"request body exceeds the limit of {limit} bytes"
+        super().__init__(413, message, headers=CLOSE)
 
 
 class BodyTimeoutError(HTTPException):
@@ -65,7 +71,8 @@ class BodyTimeoutError(HTTPException):
     """
 
     def __init__(self, timeout: float) -> None:
-        super().__init__(408, f"request body not received within the {timeout:g} s timeout")
+        message = f"request body not received within the {timeout:g} s timeout"
+        super().__init__(408, message, headers=CLOSE)
 
 
 class StreamAbortedError(Exception):
@@ -151,6 +158,13 @@ def log_stream_failure(exc: Exception, where: str) -> str:
     else:
         log_unexpected(exc, where)
     return public_message(exc)
+
+
+def shutting_down() -> JSONResponse:
+    """503 for a request the server stopped before answering it (its shutdown timeout was
+    over), with Retry-After and Connection: close."""
+    message = "the server is shutting down and stopped this request; retry shortly"
+    return error_response(503, message, headers={"Retry-After": RETRY_AFTER_SECONDS, **CLOSE})
 
 
 def response_for(exc: Exception) -> JSONResponse:

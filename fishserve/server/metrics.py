@@ -38,7 +38,9 @@ class Metrics:
             "fishserve:num_requests_running", "Requests in the running batch.", registry=r
         )
         self.waiting = Gauge(
-            "fishserve:num_requests_waiting", "Requests waiting for admission.", registry=r
+            "fishserve:num_requests_waiting",
+            "Requests waiting for admission (including those encoding their references).",
+            registry=r,
         )
         self.kv_usage = Gauge(
             "fishserve:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).", registry=r
@@ -145,10 +147,11 @@ class Metrics:
             registry=r,
         )
 
-    def update_engine(self, stats: EngineStats) -> None:
-        """Copy engine counters into the gauges (called before each scrape)."""
+    def update_engine(self, stats: EngineStats, encoding: int = 0) -> None:
+        """Copy engine counters into the gauges (called before each scrape); `encoding`
+        requests whose references are being encoded also count as waiting."""
         self.running.set(stats.running)
-        self.waiting.set(stats.waiting)
+        self.waiting.set(stats.waiting + encoding)
         used = stats.blocks_total - stats.blocks_free
         self.kv_usage.set(used / stats.blocks_total if stats.blocks_total else 0.0)
         self._advance("preemptions", self.preemptions, stats.preemptions)
@@ -164,10 +167,11 @@ class Metrics:
         self._advance("decoder_frames", self.decoder_frames, frames)
         self._advance("decoder_jobs", self.decoder_jobs, jobs)
 
-    def update_runtime(self, runtime: ServingRuntime) -> None:
-        """Copy a loaded runtime's engine and decoder totals (called before each scrape)."""
+    def update_runtime(self, runtime: ServingRuntime, encoding: int = 0) -> None:
+        """Copy a loaded runtime's engine and decoder totals (called before each scrape);
+        `encoding`: requests encoding their references (counted as waiting)."""
         status = runtime.status()
-        self.update_engine(status.engine)
+        self.update_engine(status.engine, encoding)
         self.decoder_lag.set(status.decoder_lag_seconds)
         self._advance("gil_wait", self.gil_wait, status.gil_wait_seconds)
         self._advance("gil_wakeups", self.gil_wakeups, status.gil_wakeups)

@@ -146,7 +146,8 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
     stats, info = now.engine, runtime.info
     status = "ok"
     lagging = decoder_behind(now.decoder_lag_seconds, config.max_decoder_lag)
-    if stats.waiting >= config.max_waiting or now.memory_critical or lagging:
+    waiting = stats.waiting + state.encoding  # encoding their references: not yet admitted
+    if waiting >= config.max_waiting or now.memory_critical or lagging:
         status = "busy"
     if not now.alive:
         status = "unhealthy"
@@ -162,7 +163,7 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
         "loaded": True,
         "error": None if now.alive else _engine_down(runtime),
         "model": model,
-        "requests": {"running": stats.running, "waiting": stats.waiting},
+        "requests": {"running": stats.running, "waiting": waiting},
         "kv_cache": {
             "dtype": info.kv_cache_dtype,
             "block_size": info.block_size,
@@ -218,5 +219,5 @@ async def metrics(request: Request) -> Response:
     """Prometheus exposition."""
     state = _state(request)
     if state.runtime is not None:
-        state.metrics.update_runtime(state.runtime)
+        state.metrics.update_runtime(state.runtime, state.encoding)
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")

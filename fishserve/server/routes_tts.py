@@ -147,6 +147,25 @@ def refuse_if_overloaded(state: ServerState) -> None:
         )
 
 
+async def references_of(
+    state: ServerState,
+    runtime: ServingRuntime,
+    voice_id: str | None,
+    inline: list[InlineReference],
+) -> list[Reference]:
+    """`resolve_references`, for a request that waits for admission meanwhile: refused
+    first when the queue is full, so a reference's encoding is not paid for a 429, and
+    counted as waiting while it runs (`ServerState.encoding_refs`).
+
+    Raises:
+        EngineBusyError: the queue is full; else as `resolve_references`.
+    """
+    if voice_id is None and not inline:
+        return []
+    with state.encoding_refs(runtime.status().engine.waiting):
+        return await resolve_references(runtime, state.voices, voice_id, inline)
+
+
 def history_window(max_seq_len: int) -> int:
     """The history window (`max_length`) of HTTP requests for a model of `max_seq_len`
     positions: the reference's 4096, capped by the context so that long texts keep fitting
@@ -168,12 +187,8 @@ async def tts(request: Request) -> Response:
     refuse_if_overloaded(state)
     fmt = AudioFormat(body.format)
     async with state.request() as runtime:
-        refs = await resolve_references(
-            runtime,
-            state.voices,
-            body.reference_id,
-            [InlineReference(r.audio, r.text) for r in body.references],
-        )
+        inline = [InlineReference(r.audio, r.text) for r in body.references]
+        refs = await references_of(state, runtime, body.reference_id, inline)
         params = SamplingParams(
             max(body.temperature, MIN_TEMPERATURE), body.top_p, body.repetition_penalty, body.seed
         )
@@ -255,7 +270,7 @@ async def speech_references(
             to use instead.
     """
     try:
-        return await resolve_references(runtime, state.voices, voice, [])
+        return await references_of(state, runtime, voice, [])
     except VoiceNotFoundError as exc:
         if voice not in OPENAI_VOICES:
             raise

@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
+from fishserve.engine.async_engine import EngineBusyError
 from fishserve.errors import USER_ERRORS
 from fishserve.server.config import ServerConfig
 from fishserve.server.metrics import Metrics
@@ -52,6 +53,7 @@ class ServerState:
         self.load_error: str | None = None  # why the last load failed; None after a success
         self._lock = asyncio.Lock()
         self.active_requests = 0
+        self.encoding = 0  # requests whose voice references are being encoded (`encoding_refs`)
         self.last_activity = time.monotonic()
         self.restarting = False  # a dead engine process is being replaced (`watch_engine`)
         self._replacing = False  # a replacement is still owed (its load failed)
@@ -106,6 +108,29 @@ class ServerState:
         finally:
             self.active_requests -= 1
             self.last_activity = time.monotonic()
+
+    @contextmanager
+    def encoding_refs(self, engine_waiting: int) -> Iterator[None]:
+        """Count a request while its voice references are encoded: it waits for admission,
+        so `/health` and `/metrics` count it as waiting, and the queue bound applies before
+        the encoding is paid for.
+
+        Args:
+            engine_waiting: requests waiting in the engine now.
+
+        Raises:
+            EngineBusyError: `engine_waiting` plus the requests already encoding reach
+                `max_waiting` (HTTP 429 with Retry-After).
+        """
+        waiting = engine_waiting + self.encoding
+        if waiting >= self.config.max_waiting:
+            plural = "s" if waiting != 1 else ""
+            raise EngineBusyError(f"{waiting} request{plural} waiting; try again later")
+        self.encoding += 1
+        try:
+            yield
+        finally:
+            self.encoding -= 1
 
     @asynccontextmanager
     async def request(self) -> AsyncIterator[ServingRuntime]:

@@ -167,6 +167,8 @@ def silent_wav(peak: float) -> bytes:
         (soundfile_bytes(voice(44100)[:100], 44100), "too_short", "at least"),
         (silent_wav(0.0), "silent", "silent"),
         (silent_wav(5e-4), "silent", "-66.0 dBFS"),
+        (soundfile_bytes(np.full(44100, -1.0), 44100), "silent", "a constant 0.0 dBFS"),
+        (soundfile_bytes(0.5 + voice(44100) * 1e-4, 44100), "silent", r"peak -\d"),
         (soundfile_bytes(voice(8000, 31.0), 8000), "too_long", "maximum of 30 s"),
         (soundfile_bytes(voice(44100) * 1e30, 44100, subtype="FLOAT"), "too_loud", "far louder"),
     ],
@@ -177,6 +179,8 @@ def silent_wav(peak: float) -> bytes:
         "too-short",
         "zeros",
         "minus-66-dBFS",
+        "full-scale-dc",
+        "quiet-on-an-offset",
         "31-s",
         "1e30",
     ],
@@ -211,6 +215,8 @@ def test_limits_are_configurable(tiny_decoder: FireflyGenerator) -> None:
     assert encode_reference_audio(tiny_decoder, quiet).shape[0] == 4
     with pytest.raises(ReferenceAudioError, match="silent"):
         encode_reference_audio(tiny_decoder, quiet, silence_peak=0.01)
+    offset = soundfile_bytes(voice(44100) * 0.01 + 0.5, 44100, subtype="FLOAT")
+    assert encode_reference_audio(tiny_decoder, offset).shape[0] == 4  # sound on a DC offset
 
 
 def test_encoder_holds_the_gpu_turn_for_its_device_work_only(tiny_decoder) -> None:

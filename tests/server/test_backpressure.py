@@ -174,8 +174,10 @@ def test_a_stalled_upload_gets_a_408_at_the_request_timeout(tmp_path, path, kind
                 if not more:
                     break
                 reply += more
+            closed = sock.recv(4096) == b""  # the rest of the body is not read as a request
         assert reply.startswith("HTTP/1.1 408"), reply[:200]
         assert "not received within the 1 s timeout" in reply
+        assert "connection: close" in reply.lower() and closed
         assert 0.9 < elapsed < 5
         assert 'request_failure_total{reason="timeout"} 1.0' in metrics(live)
 
@@ -258,3 +260,124 @@ def test_a_stopped_decoder_thread_makes_the_server_unhealthy(tmp_path):
         live.state.runtime.decode_worker.shutdown()  # as if the thread had died
         health = httpx.get(live.url + "/health")
         assert health.status_code == 503 and health.json()["status"] == "unhealthy"
+
+
+def test_references_are_refused_before_their_encoding_when_the_queue_is_full(tmp_path):
+    """Requests encoding their references wait for admission: they count as waiting
+    (/health, /metrics) and a request beyond `max_waiting` gets 429 without being encoded."""
+    import asyncio
+    import base64
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    buffer = io.BytesIO()
+    sf.write(
+        buffer,
+        0.3 * np.sin(2 * np.pi * 220 * np.arange(22050) / 44100),
+        44100,
+        "PCM_16",
+        format="WAV",
+    )
+    ref = {"audio": base64.b64encode(buffer.getvalue()).decode(), "text": "A tone."}
+    body = {"text": "Cloned.", "max_new_tokens": 3, "references": [ref]}
+    config = tiny_server_config(tmp_path, max_waiting=2)
+    with LiveServer(config) as live:
+        runtime, gate, calls = live.state.runtime, threading.Event(), []
+        encode = runtime.encode_reference
+
+        async def slow_encode(audio: bytes):
+            calls.append(len(audio))
+            await asyncio.to_thread(gate.wait, 60)
+            return await encode(audio)
+
+        runtime.encode_reference = slow_encode
+        results: list[httpx.Response] = []
+
+        def send() -> None:
+            results.append(httpx.post(live.url + "/v1/tts", json=body, timeout=120))
+
+        senders = [threading.Thread(target=send) for _ in range(2)]
+        for t in senders:
+            t.start()
+        try:
+            for _ in range(400):
+                if live.state.encoding == 2:
+                    break
+                time.sleep(0.02)
+            health = httpx.get(live.url + "/health").json()
+            assert health["requests"]["waiting"] == 2 and health["status"] == "busy"
+            assert "fishserve:num_requests_waiting 2.0" in metrics(live)
+            refused = httpx.post(live.url + "/v1/tts", json=body, timeout=60)
+            assert refused.status_code == 429 and refused.headers["retry-after"]
+            assert "2 requests waiting" in refused.json()["message"]
+            assert len(calls) == 2  # the refused request's reference was never encoded
+        finally:
+            gate.set()
+            for t in senders:
+                t.join(120)
+        assert [r.status_code for r in results] == [200, 200]
+        assert live.state.encoding == 0
+        assert httpx.get(live.url + "/health").json()["requests"]["waiting"] == 0
+
+
+def test_a_declared_oversized_body_gets_a_413_and_the_connection_is_closed(tmp_path):
+    """A 413 answered from Content-Length, before the body: the body would otherwise be read
+    as the next request on the connection, which would then hang."""
+    import socket
+
+    with LiveServer(tiny_server_config(tmp_path)) as live:
+        with socket.create_connection(("127.0.0.1", live.port), timeout=10) as sock:
+            head = (
+                "POST /v1/tts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Content-Length: 41943040\r\n\r\n"
+            )
+            sock.sendall(head.encode() + b'{"text": "' + b"x" * 100)
+            reply = b""
+            while chunk := sock.recv(4096):  # until the server closes the connection
+                reply += chunk
+        text = reply.decode()
+        assert text.startswith("HTTP/1.1 413"), text[:200]
+        assert "connection: close" in text.lower() and "exceeds the limit" in text
+
+
+def test_a_request_cut_by_the_shutdown_timeout_gets_a_json_503(tmp_path):
+    """uvicorn cancels what still runs when the shutdown timeout is over: a response not yet
+    started becomes our 503 with Retry-After, not uvicorn's plain-text 500."""
+    import asyncio
+    import json
+    from types import SimpleNamespace
+
+    from fishserve.server.app import GuardMiddleware
+
+    async def stuck(scope, receive, send):
+        await asyncio.sleep(3600)
+
+    refused: list[int] = []
+    state = SimpleNamespace(
+        config=tiny_server_config(tmp_path), metrics=SimpleNamespace(refused=refused.append)
+    )
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def main() -> None:
+        scope = {"type": "http", "path": "/v1/tts", "method": "POST", "headers": []}
+        task = asyncio.ensure_future(GuardMiddleware(stuck, state)(scope, receive, send))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    start, body = sent[0], sent[1]
+    assert start["status"] == 503
+    headers = {k.decode(): v.decode() for k, v in start["headers"]}
+    assert headers["retry-after"] and headers["connection"] == "close"
+    assert "shutting down" in json.loads(body["body"])["message"]
+    assert refused == [503]
