@@ -169,8 +169,10 @@ class GuardMiddleware:
         config = self.state.config
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         if config.api_key and scope["path"] not in OPEN_PATHS:
-            given = headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
+            # the scheme's name is case-insensitive (RFC 9110 §11.1); the key is not
+            scheme, _, given = headers.get("authorization", "").strip().partition(" ")
+            key = config.api_key.encode()
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key):
                 return error_response(401, "missing or wrong API key (Authorization: Bearer)")
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > config.max_body_bytes:

@@ -128,6 +128,11 @@ def test_api_key(tmp_path):
         )
         assert ok.status_code == 200
         assert httpx.get(live.url + "/health").status_code == 200  # open for load balancers
+        for header, status in [("bearer s3cret", 200), ("Bearer S3CRET", 401), ("s3cret", 401)]:
+            answer = httpx.post(
+                live.url + "/v1/tts", json=body, timeout=60, headers={"Authorization": header}
+            )
+            assert answer.status_code == status, header  # the scheme's case does not matter
 
 
 def test_lazy_load_and_idle_unload(tmp_path):
