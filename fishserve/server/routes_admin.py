@@ -25,6 +25,7 @@ ADD_USAGE = "use multipart/form-data with fields id, audio, text"
 MODEL_ID = "fish-speech-1.5"
 # When this module was loaded (the server's start), in Unix seconds: OpenAI's `created`.
 STARTED = int(time.time())
+ADD_FIELDS = ("id", "audio", "text")  # the form fields of /v1/references/add
 
 
 def _state(request: Request) -> ServerState:
@@ -52,6 +53,7 @@ async def add_reference(
     if id is None or audio is None:
         missing = " and ".join(n for n, v in (("id", id), ("audio", audio)) if v is None)
         raise ApiError(422, f"{missing} missing: {ADD_USAGE}", "id" if id is None else "audio")
+    await _check_add_fields(request)
     try:
         validate_voice_id(id)
     except InvalidVoiceIdError as exc:
@@ -67,7 +69,8 @@ async def add_reference(
         raise ApiError(400, "audio file is empty", "audio")
     async with state.request() as runtime:
         try:
-            await runtime.encode_reference(data)
+            with state.encoding_refs(runtime.status().engine.waiting):  # 429 when full
+                await runtime.encode_reference(data)
         except AudioDecodeError as exc:
             raise ApiError(400, str(exc), "audio") from exc
     suffix = PurePath(audio.filename or "reference.wav").suffix
@@ -76,6 +79,17 @@ async def add_reference(
     if not text.strip():
         message += " without a transcript (text): voice cloning works better with one"
     return JSONResponse({"success": True, "message": message, "reference_id": id})
+
+
+async def _check_add_fields(request: Request) -> None:
+    """422 for a form field other than id, audio and text, or one given twice (it would be
+    ignored silently, as /v1/tts refuses unknown fields)."""
+    form = await request.form()  # parsed already for the route's parameters: cached
+    for name in dict.fromkeys(form.keys()):
+        if name not in ADD_FIELDS:
+            raise ApiError(422, f"unknown form field {name!r}: {ADD_USAGE}", name)
+        if len(form.getlist(name)) > 1:
+            raise ApiError(422, f"form field {name!r} given more than once", name)
 
 
 @router.get("/v1/references/list")

@@ -435,6 +435,19 @@ def test_a_refused_voice_names_the_field_at_fault(server, fields, audio, status,
     assert response.json()["error"]["param"] == param
 
 
+def test_unknown_or_repeated_voice_fields_are_refused(server):
+    url = server.url + "/v1/references/add"
+    fields = {"id": "extra", "text": "x", "lang": "en"}
+    response = httpx.post(url, data=fields, files={"audio": ("v.wav", TONE)}, timeout=60)
+    assert response.status_code == 422 and response.json()["error"]["param"] == "lang"
+    assert "unknown form field 'lang'" in response.json()["message"]
+    twice = [("audio", ("a.wav", TONE)), ("audio", ("b.wav", TONE))]
+    response = httpx.post(url, data={"id": "twice", "text": "x"}, files=twice, timeout=60)
+    assert response.status_code == 422 and response.json()["error"]["param"] == "audio"
+    listed = httpx.get(server.url + "/v1/references/list").json()["reference_ids"]
+    assert "extra" not in listed and "twice" not in listed  # nothing stored
+
+
 def test_a_voice_without_a_transcript_is_stored_with_a_hint(server):
     url = server.url + "/v1/references/add"
     response = httpx.post(url, data={"id": "notext"}, files={"audio": ("v.wav", TONE)}, timeout=60)
