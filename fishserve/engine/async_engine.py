@@ -197,6 +197,13 @@ class AsyncEngine:
         """Counters as of the last step."""
         return self._stats
 
+    def pending(self) -> int:
+        """Requests that must wait for admission now, counted as `submit`'s queue bound
+        counts them (including those submitted since the last step, which `stats` does
+        not show yet)."""
+        with self._lock:
+            return self._pending()
+
     def _pending(self) -> int:
         """Requests that must wait for admission (lock held).
 

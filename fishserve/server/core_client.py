@@ -130,6 +130,7 @@ class RemoteRuntime:
         self._dead = False
         self._stopping = False
         self._status_at = time.monotonic()
+        self._sent_since_status = 0  # generate requests sent after the last status message
         self._reader = threading.Thread(target=self._read, name="fishserve-core-rx", daemon=True)
         self._reader.start()
         atexit.register(self.shutdown)  # before multiprocessing's exit hook joins the process
@@ -152,6 +153,11 @@ class RemoteRuntime:
         if stalled or self.needs_restart():
             status = RuntimeStatus(**{**vars(status), "alive": False})
         return status
+
+    def pending(self) -> int:
+        """Requests waiting for admission: the core's last count plus the requests sent
+        since (an upper estimate: some of those may have been admitted at once)."""
+        return self._status.engine.waiting + self._sent_since_status
 
     def needs_restart(self) -> bool:
         """True when the core process is gone, or says its engine thread stopped."""
@@ -183,6 +189,7 @@ class RemoteRuntime:
         deadline = arrival + timeout + TIMEOUT_GRACE_S
         try:
             self._inbox.put(("generate", rid, request, timeout, arrival))
+            self._sent_since_status += 1
             while True:
                 message = await within(mailbox.get(), deadline, timeout)
                 if message[0] == "chunk":
@@ -271,6 +278,7 @@ class RemoteRuntime:
             for message in messages:
                 if message[0] == "status":
                     self._status, self._status_at = message[1], time.monotonic()
+                    self._sent_since_status = 0
                     continue
                 box = self._mailboxes.get(message[1])
                 if box is not None:

@@ -132,6 +132,11 @@ class ServingRuntime(Protocol):
 
     async def encode_reference(self, audio: bytes) -> torch.Tensor: ...
 
+    def pending(self) -> int:
+        """Requests waiting for admission now, as the engine's queue bound counts them (an
+        upper estimate where the engine is in another process)."""
+        ...
+
     def shutdown(self) -> None: ...
 
 
@@ -230,6 +235,10 @@ class Runtime:
             "allocated_bytes": torch.cuda.memory_allocated(self.device),
             "reserved_bytes": torch.cuda.memory_reserved(self.device),
         }
+
+    def pending(self) -> int:
+        """Requests waiting for admission now (`AsyncEngine.pending`)."""
+        return self.engine.pending()
 
     def status(self) -> RuntimeStatus:
         """Counters and device memory now (one `cudaMemGetInfo`)."""

@@ -86,6 +86,7 @@ def test_full_queue_says_busy(tiny_model, tiny_tokenizer):
             engine.submit(GenerationRequest("Busy one.", request_id=f"b{i}", **long))
             for i in range(2)
         ]
+        assert engine.pending() == 1  # the second waits, whether or not a step has run yet
         with pytest.raises(EngineBusyError):
             for i in range(2, 6):
                 streams.append(
