@@ -56,7 +56,7 @@ from torch import Tensor
 
 from fishserve.engine.busy_timer import BusyTimer
 from fishserve.engine.graph_decoder import graph_buckets
-from fishserve.engine.host_copy import PinnedDownload, to_device
+from fishserve.engine.host_copy import ALIGN_BYTES, PinnedDownload, align_up, to_device
 from fishserve.engine.sm_partition import SMPartition, make_partition
 from fishserve.models.firefly import FireflyConfig, FireflyGenerator
 from fishserve.models.firefly.triton_head import (
@@ -160,11 +160,6 @@ def new_frame_buckets_for(policy: ChunkPolicy) -> tuple[int, ...]:
 # Decoder calls of up to this many jobs are captured at every batch size, not just powers of
 # two: a call of 5 jobs would otherwise run (and cost) 8.
 EXACT_BATCH_BUCKETS = 8
-
-
-def _aligned(elements: int, align: int = 16) -> int:
-    """`elements` rounded up to a multiple of `align` (16 int64 elements: 128 bytes)."""
-    return -(-elements // align) * align
 
 
 def decoder_batch_buckets(max_batch: int) -> list[int]:
@@ -642,8 +637,9 @@ class DecoderRunner:
         batch, width = shape[0], shape[2]
         skip_rows = self._skip_rows(frames, width)
         n_codes = batch * shape[1] * width
-        lengths_at = _aligned(n_codes)
-        skip_at = _aligned(lengths_at + batch)
+        align = ALIGN_BYTES // 8  # int64 elements
+        lengths_at = align_up(n_codes, align)
+        skip_at = align_up(lengths_at + batch, align)
         size = skip_at + batch * skip_rows if skip_rows else lengths_at + batch
         flat = torch.zeros(size, dtype=torch.int64, device=self.device)
         codes = flat[:n_codes].view(shape)

@@ -24,6 +24,13 @@ class EngineBusyError(RuntimeError):
     """The waiting queue is full; retry later (HTTP 429)."""
 
 
+def queue_full(waiting: int) -> EngineBusyError:
+    """The refusal of a request while `waiting` requests wait for admission (HTTP 429)."""
+    return EngineBusyError(
+        f"{waiting} request{'s' if waiting != 1 else ''} waiting; try again later"
+    )
+
+
 class EngineDeadError(RuntimeError):
     """The engine thread is not running."""
 
@@ -178,11 +185,8 @@ class AsyncEngine:
         seq = self.engine.prepare(request)
         stream = RequestStream(request.request_id, loop)
         with self._lock:
-            if self._pending() >= self.max_waiting:
-                waiting = self._pending()
-                raise EngineBusyError(
-                    f"{waiting} request{'s' if waiting != 1 else ''} waiting; try again later"
-                )
+            if (waiting := self._pending()) >= self.max_waiting:
+                raise queue_full(waiting)
             if request.request_id in self._streams:
                 raise ValueError(f"duplicate request id {request.request_id!r}")
             self._streams[request.request_id] = stream

@@ -22,6 +22,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
+# Offsets of the parts of one flat upload buffer start at multiples of this many bytes: any
+# dtype's alignment, and a cache line / global-memory transaction, so views into the buffer
+# load as fast as separate tensors (`StagedInputs`, the decoder runner's graph inputs).
+ALIGN_BYTES = 128
+
+
+def align_up(n: int, multiple: int) -> int:
+    """`n` rounded up to a multiple of `multiple` (both > 0; units as given)."""
+    return -(-n // multiple) * multiple
+
 
 class PinnedDownload:
     """Device-to-host copies into a reusable pinned buffer (see module docstring).

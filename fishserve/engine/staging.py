@@ -17,13 +17,9 @@ import numpy as np
 import torch
 
 from fishserve.engine.decode_step import DecodeInputs
+from fishserve.engine.host_copy import ALIGN_BYTES, align_up
 
-ALIGN = 128  # bytes: each field's view starts at a multiple (any dtype's alignment, and a
-# cache line / global-memory transaction, so the views load as fast as separate tensors)
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // ALIGN) * ALIGN
+ALIGN = ALIGN_BYTES  # each field's view starts at a multiple of these bytes
 
 
 class StagedInputs:
@@ -48,7 +44,7 @@ class StagedInputs:
         for f in fields(neutral):
             t = getattr(neutral, f.name)
             spans[f.name] = (t.dtype, self.nbytes, tuple(t.shape))
-            self.nbytes += _aligned(t.numel() * t.element_size())
+            self.nbytes += align_up(t.numel() * t.element_size(), ALIGN)
         pinned = device.type == "cuda"
         self._device = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
         self._host = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pinned)

@@ -69,7 +69,7 @@ async def add_reference(
         raise ApiError(400, "audio file is empty", "audio")
     async with state.request() as runtime:
         try:
-            with state.encoding_refs(runtime.pending()):  # 429 when full
+            with state.encoding_refs(runtime):  # 429 when full
                 await runtime.encode_reference(data)
         except AudioDecodeError as exc:
             raise ApiError(400, str(exc), "audio") from exc

@@ -162,7 +162,7 @@ async def references_of(
     """
     if voice_id is None and not inline:
         return []
-    with state.encoding_refs(runtime.pending()):
+    with state.encoding_refs(runtime):
         return await resolve_references(runtime, state.voices, voice_id, inline)
 
 

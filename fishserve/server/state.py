@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
-from fishserve.engine.async_engine import EngineBusyError
+from fishserve.engine.async_engine import queue_full
 from fishserve.errors import USER_ERRORS
 from fishserve.server.config import ServerConfig
 from fishserve.server.metrics import Metrics
@@ -110,22 +110,17 @@ class ServerState:
             self.last_activity = time.monotonic()
 
     @contextmanager
-    def encoding_refs(self, engine_waiting: int) -> Iterator[None]:
+    def encoding_refs(self, runtime: ServingRuntime) -> Iterator[None]:
         """Count a request while its voice references are encoded: it waits for admission,
         so `/health` and `/metrics` count it as waiting, and the queue bound applies before
         the encoding is paid for.
 
-        Args:
-            engine_waiting: requests waiting in the engine now.
-
         Raises:
-            EngineBusyError: `engine_waiting` plus the requests already encoding reach
-                `max_waiting` (HTTP 429 with Retry-After).
+            EngineBusyError: the requests waiting in `runtime`'s engine (`pending`) plus those
+                already encoding reach `max_waiting` (HTTP 429 with Retry-After).
         """
-        waiting = engine_waiting + self.encoding
-        if waiting >= self.config.max_waiting:
-            plural = "s" if waiting != 1 else ""
-            raise EngineBusyError(f"{waiting} request{plural} waiting; try again later")
+        if (waiting := runtime.pending() + self.encoding) >= self.config.max_waiting:
+            raise queue_full(waiting)
         self.encoding += 1
         try:
             yield
