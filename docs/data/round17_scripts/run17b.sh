@@ -1,0 +1,2 @@
+# call 2 (C1): the first chunk from 8 frames instead of 10, at 448 and 512 (as run, one line)
+source .exp/gpu.sh; mkdir -p /tmp/b; LOG=$OUT/log.txt; F="--decoder-sms 96 --max-decode-batch 16 --first-chunk-deadline 0.17 --early-chunk-margin 0.12"; export PROCS=2 DUR=30 STOP_S=500; run_server C1 "$F --first-chunk-frames 8" 448 512 > /tmp/b/C1.txt 2>&1; python3 .exp/summ.py /tmp/b | tee -a $LOG; grep -E "skip|died|up after" /tmp/b/C1.txt | tee -a $LOG; (cd $OUT && tar czf C1.tgz C1 && rm -rf C1)

@@ -1,0 +1,2 @@
+# call 4 (R3): main again at 448, then 416 (as run, one line)
+source .exp/gpu.sh; mkdir -p /tmp/b; LOG=$OUT/log.txt; F="--decoder-sms 96 --max-decode-batch 16 --first-chunk-deadline 0.17 --early-chunk-margin 0.12"; export PROCS=2 DUR=30 STOP_S=290; run_server R3 "$F" 448 416 > /tmp/b/R3.txt 2>&1; python3 .exp/summ.py /tmp/b | tee -a $LOG; grep -E "skip|died|up after" /tmp/b/R3.txt | tee -a $LOG; (cd $OUT && tar czf R3.tgz R3 && rm -rf R3)
