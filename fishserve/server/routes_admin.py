@@ -42,7 +42,8 @@ async def add_reference(
     """Store a voice: multipart `id`, `audio` (any common container), `text` (transcript).
 
     The audio is encoded first, so undecodable, silent or too-long audio is refused (400)
-    and never stored. The id "default" is reserved (OpenAI's `voice` for no reference).
+    and never stored. The id "default" is reserved in any case (OpenAI's `voice` for no
+    reference).
     Errors name the field at fault (`error.param`). A voice without a transcript is stored,
     and the response's message says that cloning works better with one.
     """
@@ -62,8 +63,8 @@ async def add_reference(
         raise ApiError(
             422, f"text is {len(text)} characters; at most {MAX_REFERENCE_TEXT} are allowed", "text"
         )
-    if id == DEFAULT_VOICE:
-        raise ApiError(400, f"voice id {DEFAULT_VOICE!r} is reserved (it means no reference)", "id")
+    if id.lower() == DEFAULT_VOICE:  # "DEFAULT" too: one folder on a case-insensitive disk
+        raise ApiError(400, f"voice id {id!r} is reserved (it means no reference)", "id")
     data = await audio.read()
     if not data:
         raise ApiError(400, "audio file is empty", "audio")

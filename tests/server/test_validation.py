@@ -336,10 +336,11 @@ def test_client_gone_mid_upload_logs_no_error(server, caplog, uvicorn_errors):
     assert not uvicorn_errors
 
 
-def test_voice_named_default_is_reserved(server):
+@pytest.mark.parametrize("name", ["default", "DEFAULT", "Default"])
+def test_voice_named_default_is_reserved(server, name):
     files = {"audio": ("voice.wav", TONE, "audio/wav")}
     response = httpx.post(
-        server.url + "/v1/references/add", data={"id": "default", "text": "x"}, files=files
+        server.url + "/v1/references/add", data={"id": name, "text": "x"}, files=files
     )
     assert response.status_code == 400 and "reserved" in response.json()["message"]
 
