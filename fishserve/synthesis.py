@@ -25,7 +25,12 @@ from fishserve.engine.sampling import MIN_TEMPERATURE, SamplingParams
 from fishserve.errors import GenerationError
 from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.firefly import FireflyGenerator, load_firefly
-from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
+from fishserve.models.loading import (
+    check_checkpoint_folder,
+    load_text2semantic,
+    resolve_device,
+    resolve_dtype,
+)
 from fishserve.models.prompt import Reference
 from fishserve.models.tokenizer import FishTokenizer
 from fishserve.server.config import DEFAULT_MAX_NEW_TOKENS, RANDOM_WEIGHTS_MAX_NEW_TOKENS
@@ -189,8 +194,8 @@ def check_model_files(opts: SynthesisOptions) -> None:
     Raises:
         FileNotFoundError: a missing folder or file, or no decoder weights with real weights.
     """
-    if opts.checkpoint is not None and not opts.checkpoint.is_dir():
-        raise FileNotFoundError(f"checkpoint folder not found: {opts.checkpoint}")
+    if opts.checkpoint is not None:
+        check_checkpoint_folder(opts.checkpoint)
     if opts.decoder_checkpoint is not None and not opts.decoder_checkpoint.is_file():
         raise FileNotFoundError(f"--decoder-checkpoint file not found: {opts.decoder_checkpoint}")
     dummy = opts.checkpoint is None or opts.load_format == "dummy"

@@ -143,7 +143,7 @@ def bench_config(
         fps = batch / seconds
         results.append(
             EngineBenchResult(
-                kv,
+                engine.cache.layout.dtype,  # `auto` resolved
                 mode,
                 batch,
                 context,
@@ -202,7 +202,7 @@ def render_results(results: list[EngineBenchResult], console: Console) -> str:
             str(r.context),
             f"{r.ms_per_step:.2f}",
             f"{r.frames_per_s:,.0f}",
-            f"{r.realtime_streams:,.0f}",
+            f"{r.realtime_streams:,.1f}",
             f"{r.peak_gpu_bytes / 2**30:.2f}",
             str(r.kv_bytes_per_token),
             str(r.graph_captures),

@@ -230,13 +230,17 @@ def bench_engine(
     ] = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
-    kv_cache_dtypes: Annotated[str, typer.Option(help="Comma list of KV dtypes.")] = "bf16",
+    kv_cache_dtypes: Annotated[
+        str,
+        typer.Option(help="Comma list of KV dtypes (auto: the weights' dtype, as `serve`)."),
+    ] = "auto",
     modes: Annotated[
         str,
         typer.Option(
             help="Comma list: graphs, async (CUDA graphs, the next step launched before the "
             "last one's frames are read), eager, graphs-opbyop (CUDA graphs, the fast "
-            "transformer not compiled)."
+            "transformer not compiled). On a CPU, graphs and async run the same static-shape "
+            "step without graphs (the table's graphs column: 0)."
         ),
     ] = "graphs,eager",
     batch_sizes: Annotated[str, typer.Option(help="Comma list of batch sizes.")] = "1,8,32",

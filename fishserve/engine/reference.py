@@ -32,7 +32,8 @@ def frame_budget(prompt_len: int, max_new_tokens: int, max_seq_len: int) -> int:
     room = max_seq_len - prompt_len
     if room <= 0:
         raise PromptTooLongError(
-            f"prompt of {prompt_len} positions leaves no room in the {max_seq_len}-position context"
+            f"prompt of {prompt_len} positions leaves no room in the {max_seq_len}-position "
+            "context: use a shorter text or voice reference (audio and transcript)"
         )
     return room if max_new_tokens <= 0 else min(max_new_tokens, room)
 

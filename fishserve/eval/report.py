@@ -95,8 +95,9 @@ def run_meta(opts: EvalOptions, ref: Reference, device: torch.device) -> dict[st
 
 def markdown_report(meta: dict[str, Any], results: list[ConfigResult]) -> str:
     """`eval.md`."""
+    name, device = meta["device_name"], meta["device"]
     lines = [
-        f"# fishserve eval on {meta['device_name']} ({meta['device']})",
+        f"# fishserve eval on {name if name == device else f'{name} ({device})'}",
         "",
         f"Reference {meta['reference']}; seed {meta['seed']}; frames {meta['frames']}; "
         f"weights: {meta['checkpoint'] or 'random (dummy)'}.",

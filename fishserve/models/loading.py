@@ -34,6 +34,23 @@ PEAKED_LOGIT_STD = 8.0
 _BUFFER_KEY = re.compile(r"(.*\.kv_cache\.[kv]_cache|(fast_)?freqs_cis|causal_mask)")
 
 
+def check_checkpoint_folder(folder: Path) -> None:
+    """Raise unless `folder` is a directory (the official layout: config.json, model.pth,
+    tokenizer.tiktoken side by side).
+
+    Raises:
+        FileNotFoundError: it does not exist, or it is a file (then the message names the
+            folder to pass instead).
+    """
+    if folder.is_file():
+        raise FileNotFoundError(
+            f"checkpoint {folder} is a file: pass the folder that holds config.json, "
+            f"model.pth and tokenizer.tiktoken ({folder.parent})"
+        )
+    if not folder.is_dir():
+        raise FileNotFoundError(f"checkpoint folder not found: {folder}")
+
+
 def find_weights(checkpoint_dir: Path) -> Path:
     """The weights file inside an official checkpoint folder.
 
@@ -212,8 +229,8 @@ def load_text2semantic(
     if dummy_logits != "flat" and load_format != "dummy":
         raise ValueError("dummy_logits applies to random weights only (--load-format dummy)")
     folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    if folder is not None and not folder.is_dir():
-        raise FileNotFoundError(f"checkpoint folder not found: {folder}")
+    if folder is not None:
+        check_checkpoint_folder(folder)
     if folder is None and load_format != "dummy":
         raise ValueError("a checkpoint folder is required unless --load-format dummy")
     has_config = folder is not None and (folder / "config.json").is_file()

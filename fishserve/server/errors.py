@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -167,6 +169,17 @@ def shutting_down() -> JSONResponse:
     return error_response(503, message, headers={"Retry-After": RETRY_AFTER_SECONDS, **CLOSE})
 
 
+@contextmanager
+def voice_param(param: str) -> Iterator[None]:
+    """An unknown or invalid voice id raised inside names request field `param` as the one at
+    fault (`error.param` of the 404/400)."""
+    try:
+        yield
+    except (VoiceNotFoundError, InvalidVoiceIdError) as exc:
+        exc.param = param  # type: ignore[attr-defined]
+        raise
+
+
 def response_for(exc: Exception) -> JSONResponse:
     """Error response for any exception (Retry-After on 429/503)."""
     if isinstance(exc, ApiError):
@@ -176,7 +189,8 @@ def response_for(exc: Exception) -> JSONResponse:
     if isinstance(exc, ModelLoadError):  # the next load is tried then, not sooner
         retry = str(max(1, math.ceil(exc.retry_after_s)))
     headers = {"Retry-After": retry} if status in (429, 503) else None
-    return error_response(status, public_message(exc), headers=headers)
+    param = getattr(exc, "param", None)  # set by `voice_param`
+    return error_response(status, public_message(exc), param, headers)
 
 
 def validation_message(exc: ValidationError | RequestValidationError) -> tuple[str, str | None]:

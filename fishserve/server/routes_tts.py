@@ -22,7 +22,7 @@ from fishserve.audio.encoders import (
 from fishserve.engine.engine import GenerationRequest
 from fishserve.engine.sampling import MIN_TEMPERATURE, SamplingParams
 from fishserve.models.prompt import HISTORY_RESERVE, Reference
-from fishserve.server.errors import ApiError
+from fishserve.server.errors import ApiError, voice_param
 from fishserve.server.normalize import normalize_text
 from fishserve.server.runtime import ServingRuntime, decoder_behind
 from fishserve.server.schemas import SpeechRequest, TTSRequest
@@ -188,7 +188,8 @@ async def tts(request: Request) -> Response:
     fmt = AudioFormat(body.format)
     async with state.request() as runtime:
         inline = [InlineReference(r.audio, r.text) for r in body.references]
-        refs = await references_of(state, runtime, body.reference_id, inline)
+        with voice_param("reference_id"):
+            refs = await references_of(state, runtime, body.reference_id, inline)
         params = SamplingParams(
             max(body.temperature, MIN_TEMPERATURE), body.top_p, body.repetition_penalty, body.seed
         )
@@ -216,7 +217,10 @@ async def tts(request: Request) -> Response:
 
 @router.post("/v1/audio/speech")
 async def speech(request: Request) -> Response:
-    """OpenAI-compatible synthesis; `voice` names a stored voice (or "default")."""
+    """OpenAI-compatible synthesis; `voice` names a stored voice (or "default").
+
+    Streamed in every format but FLAC, which comes as one file once generated (a streamed
+    FLAC's header has no sample count, which libsndfile-based readers refuse)."""
     state: ServerState = request.app.state.server
     body = SpeechRequest.model_validate(await parse_body(request))
     if body.response_format == "aac":
@@ -232,7 +236,8 @@ async def speech(request: Request) -> Response:
     fmt = AudioFormat(body.response_format)
     voice = None if body.voice == DEFAULT_VOICE else body.voice
     async with state.request() as runtime:
-        refs = await speech_references(runtime, state, voice)
+        with voice_param("voice"):
+            refs = await speech_references(runtime, state, voice)
         window = history_window(runtime.max_seq_len)
         max_new_tokens = state.config.max_new_tokens
         gen = GenerationRequest(text, refs, SamplingParams(), 200, max_new_tokens, window)
@@ -246,7 +251,13 @@ async def speech(request: Request) -> Response:
             headers["X-Fishserve-Note"] = note
         if body.stream_format == "sse":
             return await sse_response(state, request, chunks, fmt, rate, headers)
-        return await streaming_response(state, request, chunks, fmt, rate, headers)
+        if fmt is not AudioFormat.FLAC:
+            return await streaming_response(state, request, chunks, fmt, rate, headers)
+        # FLAC as one file: a streamed one cannot state its sample count, and libsndfile
+        # (soundfile.read) refuses that; this route has no `streaming: false` to ask for it
+        audio = await collect(request, chunks)
+    data = await asyncio.to_thread(encode_audio, audio, rate, fmt)
+    return Response(data, headers=headers, media_type=fmt.content_type)
 
 
 def ignored_fields_note(body: SpeechRequest) -> str | None:

@@ -33,7 +33,12 @@ from fishserve.engine.memory import configure_cuda_allocator, parse_memory_size
 from fishserve.engine.step_profiler import StepProfiler
 from fishserve.engine.warmup import warm_up_general_path
 from fishserve.models.firefly import FireflyGenerator
-from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
+from fishserve.models.loading import (
+    check_checkpoint_folder,
+    load_text2semantic,
+    resolve_device,
+    resolve_dtype,
+)
 from fishserve.server.config import ServerConfig
 from fishserve.server.decode_worker import DecodeWorker
 from fishserve.server.gc_control import GC_PAUSES, freeze_after_startup
@@ -327,8 +332,8 @@ def check_settings(config: ServerConfig) -> None:
                 f"gpu_memory_budget {config.gpu_memory_budget!r} is a fraction of GPU memory, "
                 f"but the device is {device}: give a size such as 4GiB"
             )
-    if config.checkpoint is not None and not config.checkpoint.is_dir():
-        raise FileNotFoundError(f"checkpoint folder not found: {config.checkpoint}")
+    if config.checkpoint is not None:
+        check_checkpoint_folder(config.checkpoint)
     for name in ("decoder_checkpoint", "decoder_config"):
         path = getattr(config, name)
         if path is not None and not path.is_file():

@@ -88,6 +88,19 @@ def test_bench_engine_runs_on_the_tiny_model(tmp_path: Path) -> None:
     assert all(r["profile"] is None for r in data["results"])
 
 
+def test_bench_engine_kv_dtype_defaults_to_the_weights_dtype(tmp_path: Path) -> None:
+    """Without --kv-cache-dtypes the KV cache is `auto` (fp32 weights on a CPU: fp32), as in
+    `serve`, and the table names the resolved dtype and real-time streams to 0.1."""
+    out = tmp_path / "engine.json"
+    run(["bench-engine", "--checkpoint", str(FIXTURES / "tiny_t2s"), "--device", "cpu",
+         "--modes", "eager", "--batch-sizes", "1", "--context", "20", "--frames", "2",
+         "--output", str(out)])  # fmt: skip
+    (point,) = json.loads(out.read_text())["results"]
+    assert point["kv_cache_dtype"] == "fp32"
+    row = next(line for line in out.with_suffix(".md").read_text().splitlines() if "fp32" in line)
+    assert f"{point['realtime_streams']:,.1f}" in row
+
+
 def test_bench_engine_profiles_steps_on_request(tmp_path: Path) -> None:
     out = tmp_path / "engine.json"
     run(["bench-engine", "--checkpoint", str(FIXTURES / "tiny_t2s"), "--device", "cpu",

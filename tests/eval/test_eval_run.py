@@ -54,6 +54,7 @@ def test_eval_writes_the_table_json_and_plot(run):
     results, out = run
     table = (out / "eval.md").read_text()
     assert "| config | load GiB | peak GiB (short/long) | ms/frame |" in table
+    assert table.startswith("# fishserve eval on cpu\n")  # the device named once on a CPU
     for name in ("fp32/fp32", "fp32/int8", "fp32/fp32+noise=0.3"):
         assert f"| {name} |" in table
     data = json.loads((out / "eval.json").read_text())

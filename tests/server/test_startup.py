@@ -69,6 +69,11 @@ TRITON_ON_CPU = pytest.param(
     ("args", "message"),
     [
         (["--checkpoint", "/nonexistent"], "checkpoint folder not found: /nonexistent"),
+        (
+            ["--checkpoint", str(TINY_T2S / "model.pth")],
+            f"is a file: pass the folder that holds config.json, model.pth and "
+            f"tokenizer.tiktoken ({TINY_T2S})",
+        ),
         (["--decoder-checkpoint", "/nonexistent.pth"], "decoder_checkpoint file not found"),
         (TINY[:2], "no decoder weights"),
         CUDA_ERROR,

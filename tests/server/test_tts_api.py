@@ -146,6 +146,18 @@ def test_openai_sdk_works_unchanged(server):
     assert rate == 44100 and len(audio) > 0
 
 
+def test_openai_flac_is_one_readable_file(server):
+    """FLAC on the OpenAI route comes whole, so its header states the sample count that
+    libsndfile needs (a streamed one says 0: unknown)."""
+    body = {"input": "Lossless, please.", "voice": "default", "response_format": "flac"}
+    response = httpx.post(server.url + "/v1/audio/speech", json=body, timeout=120)
+    assert response.status_code == 200 and response.headers["content-type"] == "audio/flac"
+    info = sf.info(io.BytesIO(response.content))
+    audio, rate = sf.read(io.BytesIO(response.content))
+    assert rate == 44100 and info.frames == len(audio) > 0
+    assert len(audio) % FRAME_SAMPLES == 0
+
+
 def test_openai_pcm_is_24_khz(server):
     body = {"input": "Raw samples.", "voice": "default", "response_format": "pcm"}
     response = httpx.post(server.url + "/v1/audio/speech", json=body, timeout=120)

@@ -161,6 +161,22 @@ OPENAI_CASES = [
 ]
 
 
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        ("/v1/tts", {"text": "hi", "reference_id": "nobody"}, "reference_id"),
+        ("/v1/tts", {"text": "hi", "reference_id": "a/b"}, "reference_id"),
+        ("/v1/audio/speech", {"input": "hi", "voice": "nobody"}, "voice"),
+        ("/v1/audio/speech", {"input": "hi", "voice": "alloy"}, "voice"),
+        ("/v1/audio/speech", {"input": "hi", "voice": "../x"}, "voice"),
+    ],
+)
+def test_an_unknown_or_invalid_voice_names_its_field(server, route, body, param):
+    response = httpx.post(server.url + route, json=body, timeout=60)
+    assert response.status_code in (400, 404), response.text
+    assert response.json()["error"]["param"] == param
+
+
 @pytest.mark.parametrize(("body", "status", "message"), OPENAI_CASES)
 def test_bad_openai_input(server, body, status, message):
     response = httpx.post(server.url + "/v1/audio/speech", json=body, timeout=60)
