@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -183,6 +184,7 @@ def _read_source(source: str | Path | bytes) -> tuple[bytes, str]:
 
 
 def _load_npy(data: bytes, label: str) -> np.ndarray:
+    _check_npy_size(data, label)
     try:
         array = np.load(io.BytesIO(data), allow_pickle=False)
     except (ValueError, OSError) as exc:
@@ -193,6 +195,24 @@ def _load_npy(data: bytes, label: str) -> np.ndarray:
             f"{label}: .npy audio must be a 1-D float array, got {array.dtype} {array.shape}"
         )
     return array.astype(np.float32)
+
+
+def _check_npy_size(data: bytes, label: str) -> None:
+    """Refuse `.npy` bytes whose header claims more data than they hold: `np.load` would
+    first allocate what the header claims (hundreds of GiB for a forged shape)."""
+    fp = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(fp)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else None
+        shape, _, dtype = (read or np.lib.format.read_array_header_2_0)(fp)
+    except (ValueError, OSError) as exc:
+        raise AudioDecodeError(f"{label}: unreadable .npy data: {exc}") from exc
+    claimed = math.prod(shape) * dtype.itemsize
+    if claimed > len(data) - fp.tell():
+        raise AudioDecodeError(
+            f"{label}: .npy header claims shape {shape} ({claimed} bytes of {dtype}) but the "
+            f"data holds {len(data) - fp.tell()} bytes"
+        )
 
 
 def _check_duration(
@@ -237,7 +257,9 @@ def _decode_frames(
 ) -> tuple[list[np.ndarray], int]:
     """``(channels, n)`` float arrays of the first audio stream and its rate; see `_decode_av`."""
     stream = container.streams.audio[0]
-    resampler = av.AudioResampler(format="fltp")  # keep layout and rate
+    # Packed float32, layout and rate kept: one plane whatever the channel count (PyAV 18's
+    # `to_ndarray` of a planar frame of 8 or more channels crashes the process).
+    resampler = av.AudioResampler(format="flt")
     chunks: list[np.ndarray] = []
     rate = decoded = 0
     try:
@@ -245,10 +267,15 @@ def _decode_frames(
             rate = rate or frame.sample_rate
             decoded += frame.samples
             _check_duration(decoded, rate, max_seconds, label)
-            chunks.extend(f.to_ndarray() for f in resampler.resample(frame))
+            chunks.extend(_channels_first(f) for f in resampler.resample(frame))
     except (av.error.FFmpegError, OSError) as exc:
         if not chunks:
             raise
         log.warning("%s: audio ends at a packet that cannot be decoded (%s)", label, exc)
-    chunks.extend(f.to_ndarray() for f in resampler.resample(None))
+    chunks.extend(_channels_first(f) for f in resampler.resample(None))
     return chunks, rate
+
+
+def _channels_first(frame: av.AudioFrame) -> np.ndarray:
+    """A packed (interleaved) frame's samples as ``(channels, n)`` float32."""
+    return frame.to_ndarray().reshape(-1, len(frame.layout.channels)).T

@@ -34,6 +34,7 @@ from fishserve.server.errors import (
     response_for,
     shutting_down,
 )
+from fishserve.server.metrics import was_counted
 from fishserve.server.routes_admin import router as admin_router
 from fishserve.server.routes_tts import ARRIVAL_KEY
 from fishserve.server.routes_tts import router as tts_router
@@ -198,7 +199,10 @@ class GuardMiddleware:
             await response(scope, call.receive, call.send)
         else:
             log_unexpected(exc, where)
-            await response_for(exc)(scope, call.receive, call.send)
+            response = response_for(exc)
+            if not was_counted(exc):
+                self.state.metrics.refused(response.status_code)
+            await response(scope, call.receive, call.send)
 
 
 class _Call:

@@ -183,6 +183,15 @@ class ServerConfig(BaseModel):
             parse_memory_size(value)
         return value
 
+    @field_validator("api_key")
+    @classmethod
+    def _header_safe(cls, value: str | None) -> str | None:
+        """The key travels in an HTTP header, which carries ASCII (RFC 9110 §5.5): another
+        character could never be matched."""
+        if value is not None and not all("!" <= c <= "~" for c in value):
+            raise ValueError("use printable ASCII without spaces (it is sent in an HTTP header)")
+        return value
+
     @field_validator("max_num_batched_tokens")
     @classmethod
     def _covers_a_decode_step(cls, value: int, info: ValidationInfo) -> int:

@@ -99,6 +99,8 @@ _STATUS: list[tuple[type[Exception], int]] = [
 ]
 # 5xx failures that are not bugs: the engine or the decoder has logged the cause already.
 _QUIET_SERVER_ERRORS = (SynthesisError, EngineDeadError, ModelLoadError)
+# Invalid fields a 422 names at most: a body of a million unknown keys made an 82 MB answer.
+MAX_LISTED_ERRORS = 10
 # pydantic error types whose message names our model classes ("... or instance of TTSRequest").
 _NOT_AN_OBJECT = frozenset({"model_type", "model_attributes_type", "dict_type"})
 
@@ -197,11 +199,14 @@ def validation_message(exc: ValidationError | RequestValidationError) -> tuple[s
     """One readable line naming the invalid fields, and the first field's name (None when
     the body as a whole is invalid)."""
     parts, first = [], None
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"] if x != "body")
+    errors = exc.errors()
+    for err in errors[:MAX_LISTED_ERRORS]:
+        loc = ".".join(str(x) for x in err["loc"] if x != "body")[:100]
         first = first or loc or None
         message = "expected a JSON object" if err["type"] in _NOT_AN_OBJECT else err["msg"]
         parts.append(f"{loc or 'body'}: {message}")
+    if len(errors) > MAX_LISTED_ERRORS:
+        parts.append(f"and {len(errors) - MAX_LISTED_ERRORS} more")
     return "; ".join(parts), first
 
 

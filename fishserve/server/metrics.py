@@ -196,11 +196,12 @@ class Metrics:
             self._seen[name] = total
 
     def refused(self, status: int) -> None:
-        """Count a request refused with HTTP `status`: 408 timeout (body not received in
-        time), 429 busy, 503 overloaded, other 4xx invalid (other statuses are not refusals)."""
+        """Count a request answered with HTTP `status` before any audio: 408 timeout (body
+        not received in time), 429 busy, 503 overloaded, other 4xx invalid, other 5xx error
+        (other statuses are not failures)."""
         reason = {408: "timeout", 429: "busy", 503: "overloaded"}.get(status)
-        if reason is None and 400 <= status < 500:
-            reason = "invalid"
+        if reason is None and 400 <= status < 600:
+            reason = "invalid" if status < 500 else "error"
         if reason is not None:
             self.failure.labels(reason=reason).inc()
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 import unicodedata
+from collections.abc import Callable
 from typing import Any
 
 import ormsgpack
@@ -34,6 +36,7 @@ from fishserve.server.voices import VoiceNotFoundError
 router = APIRouter()
 # Spec §5: the reference HTTP API keeps a 4,096-position history window.
 HTTP_MAX_LENGTH = 4096
+OFF_LOOP_BYTES = 64 * 1024  # bodies at least this large are parsed in a worker thread
 DEFAULT_VOICE = "default"  # OpenAI `voice` meaning "no reference: the model's own voice"
 ARRIVAL_KEY = "fishserve_arrival"  # request scope state: monotonic seconds at arrival
 # OpenAI's built-in voices: not stored here, so a 404 with a hint.
@@ -76,9 +79,9 @@ async def parse_body(request: Request) -> Any:
     raw = await read_body(request)
     try:
         if kind in ("application/msgpack", "application/x-msgpack"):
-            return ormsgpack.unpackb(raw)
+            return await _off_loop(ormsgpack.unpackb, raw)
         if kind in ("application/json", ""):
-            return json.loads(raw or b"null")
+            return await _off_loop(json.loads, raw or b"null")
     except RecursionError:
         raise ApiError(400, "request body is nested too deeply") from None
     except (ValueError, ormsgpack.MsgpackDecodeError) as exc:
@@ -86,6 +89,14 @@ async def parse_body(request: Request) -> Any:
     raise ApiError(
         415, f"unsupported content type {kind!r}: use application/json or application/msgpack"
     )
+
+
+async def _off_loop(parse: Callable[[bytes], Any], raw: bytes) -> Any:
+    """`parse(raw)`, in a worker thread when `raw` is large (references as base64, or a
+    flood of fields), so the event loop keeps serving the other streams meanwhile."""
+    if len(raw) < OFF_LOOP_BYTES:
+        return parse(raw)
+    return await asyncio.to_thread(parse, raw)
 
 
 def body_error(kind: str, exc: Exception) -> str:
@@ -182,7 +193,7 @@ def history_window(max_seq_len: int) -> int:
 async def tts(request: Request) -> Response:
     """Fish Speech 1.5 synthesis (JSON or msgpack body, `TTSRequest`)."""
     state: ServerState = request.app.state.server
-    body = TTSRequest.model_validate(await parse_body(request))
+    body = await asyncio.to_thread(TTSRequest.model_validate, await parse_body(request))
     text = await asyncio.to_thread(prepare_text, state, body.text, body.normalize)
     refuse_if_overloaded(state)
     fmt = AudioFormat(body.format)
@@ -222,7 +233,7 @@ async def speech(request: Request) -> Response:
     Streamed in every format but FLAC, which comes as one file once generated (a streamed
     FLAC's header has no sample count, which libsndfile-based readers refuse)."""
     state: ServerState = request.app.state.server
-    body = SpeechRequest.model_validate(await parse_body(request))
+    body = await asyncio.to_thread(SpeechRequest.model_validate, await parse_body(request))
     if body.response_format == "aac":
         raise ApiError(
             400,
@@ -265,9 +276,11 @@ def ignored_fields_note(body: SpeechRequest) -> str | None:
     notes = []
     if body.instructions:
         notes.append("instructions are ignored by Fish Speech 1.5")
-    if extra := sorted(body.model_extra or {}):  # escaped: a header is ASCII, one line
-        names = ", ".join(json.dumps(name)[1:-1] for name in extra)[:200]
-        notes.append(f"fields not in OpenAI's speech API are ignored: {names}")
+    if extra := body.model_extra:  # escaped: a header is ASCII, one line
+        first = sorted(itertools.islice(extra, 20))
+        names = ", ".join(json.dumps(name)[1:-1] for name in first)[:200]
+        more = f" ({len(extra)} in all)" if len(extra) > len(first) else ""
+        notes.append(f"fields not in OpenAI's speech API are ignored: {names}{more}")
     return "; ".join(notes) or None
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +69,35 @@ def test_npy_is_taken_as_is(tmp_path: Path) -> None:
     np.save(tmp_path / "b.npy", np.zeros((2, 10), dtype=np.float32))
     with pytest.raises(AudioDecodeError):
         load_audio(tmp_path / "b.npy")
+
+
+@pytest.mark.parametrize("channels", [2, 8, 12])
+def test_many_channels_are_averaged(tmp_path: Path, channels: int) -> None:
+    """Channel c holds c / 16: the mono result is their mean. Run in a child process: PyAV's
+    planar frames of 8 or more channels crashed the process (a 7.1 reference killed the
+    server)."""
+    path = tmp_path / "many.wav"
+    levels = np.arange(channels, dtype=np.float32) / 16
+    sf.write(path, np.tile(levels, (4410, 1)), 44100, subtype="FLOAT")
+    code = textwrap.dedent(f"""
+        from fishserve.audio.io import load_audio
+        audio = load_audio({str(path)!r})
+        print(len(audio), float(audio.min()), float(audio.max()))
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    n, low, high = run.stdout.split()
+    assert int(n) == 4410
+    assert float(low) == pytest.approx(levels.mean()) == pytest.approx(float(high))
+
+
+def test_npy_whose_header_claims_more_than_it_holds_is_refused() -> None:
+    """A forged shape would make `np.load` allocate it all (373 GiB here) before reading."""
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (100000000000,), }"
+    header = header.ljust(118) + "\n"
+    data = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + bytes(16)
+    with pytest.raises(AudioDecodeError, match="header claims shape"):
+        load_audio(data)
 
 
 @pytest.mark.parametrize("data", [b"", b"not audio at all " * 64, b"RIFF\x00\x00\x00\x00WAVE"])

@@ -332,3 +332,20 @@ def test_a_response_cancelled_at_shutdown_is_one_warning_not_a_traceback():
         "uvicorn.error", logging.ERROR, __file__, 1, "Exception in ASGI application\n", (), None
     )
     assert _ABORT_FILTER.filter(other) and other.levelname == "ERROR"  # real errors stay
+
+
+@pytest.mark.parametrize("exc", [MemoryError("Unable to allocate 373. GiB"), RuntimeError("bug")])
+def test_an_unexpected_error_before_any_audio_is_a_counted_500(server, monkeypatch, exc, caplog):
+    """A failure no handler knows (MemoryError) or a bug (RuntimeError), raised before the
+    stream starts: a JSON 500, logged, and counted once as an error."""
+    import fishserve.server.routes_tts as routes
+
+    async def fails(*args, **kwargs):
+        raise exc
+
+    monkeypatch.setattr(routes, "references_of", fails)
+    before = failures(server, "error")
+    with caplog.at_level(logging.ERROR):
+        response = httpx.post(server.url + "/v1/tts", json={"text": "Hi."}, timeout=60)
+    assert response.status_code == 500 and response.json()["statusCode"] == 500
+    assert failures(server, "error") == before + 1

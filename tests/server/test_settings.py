@@ -98,6 +98,12 @@ def test_validation_errors_are_one_line_per_setting(tmp_path):
     assert "pydantic" not in str(info.value)
 
 
+@pytest.mark.parametrize("key", ["ключ", "sécret", "two words"])
+def test_an_api_key_no_header_can_carry_is_refused(key):
+    with pytest.raises(ValueError, match="printable ASCII without spaces"):
+        ServerConfig.load(overrides={"api_key": key}, environ={})
+
+
 def test_an_empty_api_key_is_refused_not_read_as_no_key():
     with pytest.raises(ValueError, match=r"api_key = '' \(from --api-key\)"):
         ServerConfig.load(overrides={"api_key": ""}, environ={})

@@ -502,3 +502,32 @@ def test_the_speech_route_serves_requests_with_odd_extra_field_names(server):
     response = httpx.post(server.url + "/v1/audio/speech", json=body, timeout=120)
     assert response.status_code == 200 and "x-evil" not in response.headers
     assert "ignored" in response.headers["x-fishserve-note"]
+
+
+def test_a_flood_of_unknown_fields_gets_a_short_422(server):
+    """5,000 unknown keys: the 422 names the first ten and counts the rest (it named every
+    one, twice: a million keys made an 82 MB answer built on the event loop)."""
+    body = {"text": "hi", **{f"k{i}": 0 for i in range(5000)}}
+    response = httpx.post(server.url + "/v1/tts", json=body, timeout=60)
+    assert response.status_code == 422 and len(response.content) < 4000
+    assert response.json()["message"].endswith("and 4990 more")
+
+
+def test_a_flood_of_unknown_openai_fields_gets_a_short_note(server):
+    body = {"input": "hi", "voice": "default", **{f"k{i}": 0 for i in range(5000)}}
+    with httpx.stream("POST", server.url + "/v1/audio/speech", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        note = r.headers["x-fishserve-note"]
+    assert len(note) < 400 and note.endswith("(5000 in all)")
+
+
+@pytest.mark.parametrize("kind", ["application/json", "application/msgpack"])
+def test_a_large_body_parsed_off_the_event_loop_still_gets_its_errors(server, kind):
+    """Bodies of 64 KiB or more are parsed in a worker thread: nesting too deep and bad
+    bytes are still 400s."""
+    # JSON: 100,000 open arrays; msgpack: arrays of one array, 100,000 deep
+    body = b"[" * 100_000 if kind == "application/json" else b"\x91" * 100_000
+    response = httpx.post(
+        server.url + "/v1/tts", content=body, headers={"content-type": kind}, timeout=60
+    )
+    assert response.status_code == 400, response.text
