@@ -43,9 +43,10 @@ def check_checkpoint_folder(folder: Path) -> None:
             folder to pass instead).
     """
     if folder.is_file():
+        hint = f" ({folder.parent})" if (folder.parent / "config.json").is_file() else ""
         raise FileNotFoundError(
             f"checkpoint {folder} is a file: pass the folder that holds config.json, "
-            f"model.pth and tokenizer.tiktoken ({folder.parent})"
+            f"model.pth and tokenizer.tiktoken{hint}"
         )
     if not folder.is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {folder}")

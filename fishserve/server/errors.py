@@ -28,7 +28,12 @@ from fishserve.engine.reference import PromptTooLongError
 from fishserve.server.metrics import was_counted
 from fishserve.server.pipeline import ContextFullError, SynthesisError, SynthesisTimeoutError
 from fishserve.server.state import ModelLoadError
-from fishserve.server.voices import InvalidVoiceIdError, VoiceExistsError, VoiceNotFoundError
+from fishserve.server.voices import (
+    InvalidVoiceIdError,
+    VoiceDataError,
+    VoiceExistsError,
+    VoiceNotFoundError,
+)
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_SECONDS = "2"
@@ -98,7 +103,7 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (ValueError, 400),
 ]
 # 5xx failures that are not bugs: the engine or the decoder has logged the cause already.
-_QUIET_SERVER_ERRORS = (SynthesisError, EngineDeadError, ModelLoadError)
+_QUIET_SERVER_ERRORS = (SynthesisError, EngineDeadError, ModelLoadError, VoiceDataError)
 # Invalid fields a 422 names at most: a body of a million unknown keys made an 82 MB answer.
 MAX_LISTED_ERRORS = 10
 # pydantic error types whose message names our model classes ("... or instance of TTSRequest").

@@ -11,7 +11,7 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
 
 from fishserve.audio.io import AudioDecodeError
-from fishserve.server.errors import ApiError
+from fishserve.server.errors import MAX_LISTED_ERRORS, ApiError
 from fishserve.server.routes_tts import DEFAULT_VOICE, parse_body
 from fishserve.server.runtime import ServingRuntime, decoder_behind
 from fishserve.server.schemas import MAX_REFERENCE_TEXT
@@ -123,9 +123,12 @@ def reference_id_of(body: object) -> str | None:
         return None
     if not isinstance(body, dict):
         raise ApiError(422, 'expected a JSON object like {"reference_id": "..."}')
-    unknown = sorted(set(body) - {"reference_id", "id"})
+    unknown = [str(key)[:40] for key in body if key not in ("reference_id", "id")]
     if unknown:
-        raise ApiError(422, f"unknown field(s) {', '.join(unknown)}: send reference_id", unknown[0])
+        names = ", ".join(unknown[:MAX_LISTED_ERRORS])
+        extra = len(unknown) - MAX_LISTED_ERRORS
+        more = f" and {extra} more" if extra > 0 else ""
+        raise ApiError(422, f"unknown field(s) {names}{more}: send reference_id", unknown[0])
     voice_id = body.get("reference_id", body.get("id"))
     if voice_id is not None and not isinstance(voice_id, str):
         raise ApiError(422, "reference_id must be a string", "reference_id")

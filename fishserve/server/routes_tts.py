@@ -8,11 +8,12 @@ import json
 import time
 import unicodedata
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import ormsgpack
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
 from fishserve.audio.encoders import (
@@ -27,7 +28,7 @@ from fishserve.models.prompt import HISTORY_RESERVE, Reference
 from fishserve.server.errors import ApiError, voice_param
 from fishserve.server.normalize import normalize_text
 from fishserve.server.runtime import ServingRuntime, decoder_behind
-from fishserve.server.schemas import SpeechRequest, TTSRequest
+from fishserve.server.schemas import SpeechRequest, TTSRequest, refuse_unknown_field_floods
 from fishserve.server.service import InlineReference, resolve_references, stream_audio
 from fishserve.server.state import ServerState
 from fishserve.server.streaming import collect, sse_response, streaming_response
@@ -36,6 +37,7 @@ from fishserve.server.voices import VoiceNotFoundError
 router = APIRouter()
 # Spec §5: the reference HTTP API keeps a 4,096-position history window.
 HTTP_MAX_LENGTH = 4096
+Body = TypeVar("Body", bound=BaseModel)
 OFF_LOOP_BYTES = 64 * 1024  # bodies at least this large are parsed in a worker thread
 DEFAULT_VOICE = "default"  # OpenAI `voice` meaning "no reference: the model's own voice"
 ARRIVAL_KEY = "fishserve_arrival"  # request scope state: monotonic seconds at arrival
@@ -97,6 +99,17 @@ async def _off_loop(parse: Callable[[bytes], Any], raw: bytes) -> Any:
     if len(raw) < OFF_LOOP_BYTES:
         return parse(raw)
     return await asyncio.to_thread(parse, raw)
+
+
+def validated(model: type[Body], data: Any) -> Body:
+    """`model.model_validate(data)` (in a worker thread: large bodies take a while), with a
+    flood of unknown fields refused first (`refuse_unknown_field_floods`).
+
+    Raises:
+        ApiError 422 / pydantic.ValidationError: invalid fields.
+    """
+    refuse_unknown_field_floods(model, data)
+    return model.model_validate(data)
 
 
 def body_error(kind: str, exc: Exception) -> str:
@@ -193,7 +206,7 @@ def history_window(max_seq_len: int) -> int:
 async def tts(request: Request) -> Response:
     """Fish Speech 1.5 synthesis (JSON or msgpack body, `TTSRequest`)."""
     state: ServerState = request.app.state.server
-    body = await asyncio.to_thread(TTSRequest.model_validate, await parse_body(request))
+    body = await asyncio.to_thread(validated, TTSRequest, await parse_body(request))
     text = await asyncio.to_thread(prepare_text, state, body.text, body.normalize)
     refuse_if_overloaded(state)
     fmt = AudioFormat(body.format)
@@ -233,7 +246,7 @@ async def speech(request: Request) -> Response:
     Streamed in every format but FLAC, which comes as one file once generated (a streamed
     FLAC's header has no sample count, which libsndfile-based readers refuse)."""
     state: ServerState = request.app.state.server
-    body = await asyncio.to_thread(SpeechRequest.model_validate, await parse_body(request))
+    body = await asyncio.to_thread(validated, SpeechRequest, await parse_body(request))
     if body.response_format == "aac":
         raise ApiError(
             400,

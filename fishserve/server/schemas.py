@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from fishserve.server.errors import MAX_LISTED_ERRORS, ApiError
 
 # Spec §7.2 / §5: API ranges of the reference (temperature's lower bound relaxed to 0 = greedy).
 TTS_FORMATS = ("wav", "pcm", "mp3", "opus", "flac")
@@ -97,3 +99,37 @@ class ErrorBody(BaseModel):
     statusCode: int  # noqa: N815 (Fish Speech's field name)
     message: str
     error: dict[str, str | None]
+
+
+def refuse_unknown_field_floods(model: type[BaseModel], data: Any, where: str = "") -> None:
+    """Refuse, before validating, an object with more than `MAX_LISTED_ERRORS` unknown fields
+    for a `model` that forbids them (also in lists of such models, e.g. `references`).
+
+    pydantic would report each unknown field as an error: a million keys cost seconds of CPU
+    holding the GIL while their errors are built, stalling every stream.
+
+    Raises:
+        ApiError 422: naming the first ten unknown fields and how many there are.
+    """
+    if not isinstance(data, dict) or model.model_config.get("extra") != "forbid":
+        return
+    unknown = [key for key in data if key not in model.model_fields]
+    if len(unknown) > MAX_LISTED_ERRORS:
+        names = ", ".join(str(key)[:40] for key in unknown[:MAX_LISTED_ERRORS])
+        raise ApiError(
+            422, f"{len(unknown)} unknown fields in {where or 'body'}: {names}, ...", where or None
+        )
+    for name, field in model.model_fields.items():
+        items, item_model = data.get(name), _list_item_model(field.annotation)
+        if item_model is not None and isinstance(items, list):
+            for i, item in enumerate(items[:MAX_LISTED_ERRORS]):
+                refuse_unknown_field_floods(item_model, item, f"{where}{name}.{i}")
+
+
+def _list_item_model(annotation: Any) -> type[BaseModel] | None:
+    """`M` for an annotation ``list[M]`` with M a pydantic model, else None."""
+    args = get_args(annotation)
+    if get_origin(annotation) is not list or len(args) != 1:
+        return None
+    item = args[0]
+    return item if isinstance(item, type) and issubclass(item, BaseModel) else None

@@ -7,6 +7,7 @@ with a `.lab` beside it). Ids are validated so that no id can name a path outsid
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import threading
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Letters, digits, '_', '-', '.', starting with a letter or digit: no '/', no '..'.
+log = logging.getLogger(__name__)
 _VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".webm")
 
@@ -23,6 +25,11 @@ class VoiceNotFoundError(KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class VoiceDataError(RuntimeError):
+    """A stored voice's files cannot be used (put there by hand, not by `add`): a server-side
+    problem (HTTP 500 with this message; logged where raised)."""
 
 
 class VoiceExistsError(ValueError):
@@ -79,6 +86,7 @@ class VoiceStore:
         Raises:
             InvalidVoiceIdError: unsafe id.
             VoiceNotFoundError: no such voice (also when its files vanish while reading).
+            VoiceDataError: its transcript file is not UTF-8 (a server-side problem).
         """
         folder = self.root / validate_voice_id(voice_id)
         with self._lock:
@@ -90,6 +98,13 @@ class VoiceStore:
                     return StoredVoice(voice_id, audio.read_bytes(), text)
             except FileNotFoundError:
                 pass
+            except UnicodeDecodeError as exc:  # a file put there by hand, not by `add`
+                message = (
+                    f"stored voice {voice_id!r}: its transcript {lab.name} is not UTF-8 text "
+                    f"(byte {exc.start}); fix or delete the file on the server"
+                )
+                log.error("%s", message)
+                raise VoiceDataError(message) from None
         raise self._not_found(voice_id)
 
     def add(self, voice_id: str, audio: bytes, text: str, suffix: str = ".wav") -> None:

@@ -510,7 +510,23 @@ def test_a_flood_of_unknown_fields_gets_a_short_422(server):
     body = {"text": "hi", **{f"k{i}": 0 for i in range(5000)}}
     response = httpx.post(server.url + "/v1/tts", json=body, timeout=60)
     assert response.status_code == 422 and len(response.content) < 4000
-    assert response.json()["message"].endswith("and 4990 more")
+    assert response.json()["message"].startswith("5000 unknown fields in body: k0, k1,")
+    nested = {"text": "hi", "references": [{"audio": "", **{f"k{i}": 0 for i in range(5000)}}]}
+    response = httpx.post(server.url + "/v1/tts", json=nested, timeout=60)
+    assert response.status_code == 422 and len(response.content) < 4000
+    assert response.json()["error"]["param"] == "references.0"
+    flood = {"reference_id": "nobody", **{f"k{i}": 0 for i in range(5000)}}
+    response = httpx.request("DELETE", server.url + "/v1/references/delete", json=flood, timeout=60)
+    assert response.status_code == 422 and len(response.content) < 4000
+    assert "and 4990 more" in response.json()["message"]
+
+
+def test_a_few_invalid_fields_are_each_named_and_many_are_counted(server):
+    """Below the flood guard, pydantic's errors: each named, up to ten, then a count."""
+    body = {"text": "hi", "references": [{"audio": 5, "text": 5} for _ in range(8)]}
+    response = httpx.post(server.url + "/v1/tts", json=body, timeout=60)
+    assert response.status_code == 422
+    assert response.json()["message"].endswith("and 6 more")
 
 
 def test_a_flood_of_unknown_openai_fields_gets_a_short_note(server):
@@ -531,3 +547,21 @@ def test_a_large_body_parsed_off_the_event_loop_still_gets_its_errors(server, ki
         server.url + "/v1/tts", content=body, headers={"content-type": kind}, timeout=60
     )
     assert response.status_code == 400, response.text
+
+
+def test_a_stored_transcript_that_is_not_utf8_is_a_server_error_saying_so(server):
+    """A `.lab` written by hand in another encoding: a 500 naming the file (the server's
+    data is at fault, not the request), not Python's codec message as a 400."""
+    files = {"audio": ("voice.wav", TONE, "audio/wav")}
+    base = server.url + "/v1/references"
+    added = httpx.post(base + "/add", data={"id": "latin", "text": "Hi."}, files=files)
+    assert added.status_code == 200, added.text
+    lab = next((server.state.config.references_dir / "latin").glob("*.lab"))
+    lab.write_bytes("café".encode("latin-1"))
+    try:
+        body = {"text": "hi", "reference_id": "latin"}
+        response = httpx.post(server.url + "/v1/tts", json=body, timeout=60)
+        assert response.status_code == 500
+        assert "is not UTF-8 text" in response.json()["message"]
+    finally:
+        httpx.request("DELETE", base + "/delete", json={"reference_id": "latin"})
