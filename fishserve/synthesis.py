@@ -33,6 +33,7 @@ from fishserve.models.loading import (
 )
 from fishserve.models.prompt import Reference
 from fishserve.models.tokenizer import FishTokenizer
+from fishserve.progress import progress_bar
 from fishserve.server.config import DEFAULT_MAX_NEW_TOKENS, RANDOM_WEIGHTS_MAX_NEW_TOKENS
 
 log = logging.getLogger(__name__)
@@ -371,7 +372,7 @@ def generate_with_engine(
 
 def _progress(console: Console) -> Progress:
     """A progress line: description, bar, segment, frames generated so far, elapsed time."""
-    return Progress(
+    return progress_bar(
         TextColumn("{task.description}"),
         BarColumn(),
         TextColumn("segment {task.completed}/{task.total}"),

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.progress import Progress
 
 from fishserve.bench import tables
 from fishserve.bench.step_profile import StepProfile, profile_steps
@@ -29,6 +28,7 @@ from fishserve.engine.engine import EngineConfig, GenerationRequest, LLMEngine
 from fishserve.engine.sampling import SamplingParams
 from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.tokenizer import FishTokenizer
+from fishserve.progress import progress_bar
 
 FRAMES_PER_SECOND = 44100 / 2048  # audio frames per second of speech (spec §0)
 ENGINE_MODES = ("graphs", "async", "eager", "graphs-opbyop")
@@ -260,7 +260,7 @@ def run_engine_bench(
     the full sort, the slowest case; `fishserve bench-sampler` times both cases).
     """
     results: list[EngineBenchResult] = []
-    with Progress(console=console) as progress:
+    with progress_bar(console=console) as progress:
         task = progress.add_task("engine bench", total=len(kv_dtypes) * len(modes))
         for kv in kv_dtypes:
             for mode in modes:

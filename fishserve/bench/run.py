@@ -38,6 +38,7 @@ from fishserve.bench.server_counters import rates, read_counters
 from fishserve.bench.shares import run_load, run_share, send_indexed, share_plan, share_pool
 from fishserve.bench.stats import LevelSummary, summarize
 from fishserve.bench.workload import RequestShape, WorkItem
+from fishserve.progress import progress_bar
 
 # 44100 Hz / 2048 samples per code frame (Firefly decoder of Fish Speech 1.5).
 RELEASE_FRAME_RATE = 44100 / 2048
@@ -236,7 +237,7 @@ def run_meta(opts: BenchOptions, health: dict[str, Any] | None) -> dict[str, Any
 
 def make_progress(console: Console) -> Progress:
     """The progress display: one bar per level with its error count."""
-    return Progress(
+    return progress_bar(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),

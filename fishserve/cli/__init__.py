@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from fishserve import __version__
+from fishserve import __version__, progress
 from fishserve.errors import USER_ERRORS, GenerationError
 
 # Help and tables printed to a pipe or file (not a terminal) would be cut at rich's default 80
@@ -163,6 +163,7 @@ def _setup(
     ] = False,
 ) -> None:
     """Options before the command: log level and version."""
+    progress.HIDDEN = verbose is False  # -q: no progress bars either
     levels = {True: logging.DEBUG, False: logging.WARNING, None: logging.INFO}
     logging.basicConfig(
         level=levels[verbose], format="%(asctime)s %(levelname)s %(name)s: %(message)s"

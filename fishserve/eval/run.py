@@ -26,6 +26,7 @@ from fishserve.eval.measure import DeviceMemory, loaded_bytes
 from fishserve.eval.report import write_eval_report
 from fishserve.eval.variants import Loaded, ModelSource, load_config
 from fishserve.models.loading import resolve_device
+from fishserve.progress import progress_bar
 from fishserve.synthesis import decode_codes
 
 WARMUP_FRAMES = 4
@@ -242,7 +243,7 @@ def run_eval(opts: EvalOptions, console: Console) -> list[ConfigResult]:
 
 
 def _progress(console: Console) -> Progress:
-    return Progress(
+    return progress_bar(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
