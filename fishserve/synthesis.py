@@ -23,14 +23,10 @@ from fishserve.engine.long_text import generate_long, plan_long_text
 from fishserve.engine.reference import generate
 from fishserve.engine.sampling import MIN_TEMPERATURE, SamplingParams
 from fishserve.errors import GenerationError
+from fishserve.models.config import DECODER_FILENAME, check_checkpoint_folder
 from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.firefly import FireflyGenerator, load_firefly
-from fishserve.models.loading import (
-    check_checkpoint_folder,
-    load_text2semantic,
-    resolve_device,
-    resolve_dtype,
-)
+from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
 from fishserve.models.prompt import Reference
 from fishserve.models.tokenizer import FishTokenizer
 from fishserve.progress import progress_bar
@@ -39,7 +35,6 @@ from fishserve.server.config import DEFAULT_MAX_NEW_TOKENS, RANDOM_WEIGHTS_MAX_N
 log = logging.getLogger(__name__)
 
 DUMMY_MAX_NEW_TOKENS = RANDOM_WEIGHTS_MAX_NEW_TOKENS  # 64: random weights rarely stop
-DECODER_FILENAME = "firefly-gan-vq-fsq-8x1024-21hz-generator.pth"
 # Two short lines (printed without wrapping), shared by `synth` and `serve`.
 RANDOM_WEIGHTS_WARNING = (
     "[bold yellow]WARNING: RANDOM weights: the audio is noise, not speech.[/]\n"

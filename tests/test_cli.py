@@ -361,3 +361,25 @@ def test_synth_reports_missing_decoder_weights_before_loading(monkeypatch):
     monkeypatch.setattr(synthesis, "load_text2semantic", lambda *a, **k: pytest.fail("loaded"))
     result = invoke("synth", "--checkpoint", str(TINY_T2S), "--text", "hi", "--output", "x.wav")
     assert result.exit_code == 2 and "no decoder weights" in result.output
+
+
+def test_settings_and_file_checks_do_not_import_torch(tmp_path):
+    """The CLI, the server's settings and their file checks load without PyTorch (~2 s), so
+    `--help`, `--version` and a wrong path answer at once."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from fishserve.cli import app\n"
+        "from fishserve.server.config import ServerConfig, check_model_files\n"
+        "config = ServerConfig.load(None, {'checkpoint': '/nonexistent'})\n"
+        "try:\n"
+        "    check_model_files(config)\n"
+        "except FileNotFoundError as exc:\n"
+        "    print(exc)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["checkpoint folder not found: /nonexistent", "False"]

@@ -14,7 +14,7 @@ from fishserve.cli import (
     set_threads,
     user_errors,
 )
-from fishserve.server.config import ServerConfig
+from fishserve.server.config import ServerConfig, check_model_files
 
 
 def _setting(name: str, help: str, *decls: str) -> Any:
@@ -282,13 +282,14 @@ def serve(
     flags win over the environment, which wins over the file.
     """
     overrides = {k: v for k, v in locals().items() if k != "config"}
+    settings = ServerConfig.load(config, overrides)
+    check_model_files(settings)  # a wrong path fails before PyTorch is imported
     import uvicorn
 
     from fishserve.server.app import check_port, create_app
     from fishserve.server.runtime import build_runtime, check_settings
     from fishserve.synthesis import RANDOM_WEIGHTS_WARNING
 
-    settings = ServerConfig.load(config, overrides)
     check_settings(settings)
     check_port(settings.host, settings.port)
     set_threads(settings.threads)

@@ -26,16 +26,14 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from fishserve.engine.profiler_env import ENV_DIR, ENV_START, ENV_STEPS
+
 log = logging.getLogger(__name__)
 
-ENV_DIR = "FISHSERVE_TORCH_PROFILER_DIR"
-ENV_START = "FISHSERVE_PROFILE_START_STEP"
-ENV_STEPS = "FISHSERVE_PROFILE_STEPS"
 DEFAULT_START = 500
 DEFAULT_STEPS = 30
 MAX_STEPS = 1000  # the trace of every step stays in memory until it is written
 TABLE_ROWS = 40
-ENV_VARS = frozenset({ENV_DIR, ENV_START, ENV_STEPS})
 
 __all__ = ["StepProfiler", "operator_table", "profiler_activities"]
 

@@ -129,3 +129,24 @@ class DualARConfig:
     def to_dict(self) -> dict[str, Any]:
         """The config as a plain dictionary (for logs and health endpoints)."""
         return asdict(self)
+
+
+DECODER_FILENAME = "firefly-gan-vq-fsq-8x1024-21hz-generator.pth"  # in the release folder
+
+
+def check_checkpoint_folder(folder: Path) -> None:
+    """Raise unless `folder` is a directory (the official layout: config.json, model.pth,
+    tokenizer.tiktoken side by side).
+
+    Raises:
+        FileNotFoundError: it does not exist, or it is a file (then the message names the
+            folder to pass instead).
+    """
+    if folder.is_file():
+        hint = f" ({folder.parent})" if (folder.parent / "config.json").is_file() else ""
+        raise FileNotFoundError(
+            f"checkpoint {folder} is a file: pass the folder that holds config.json, "
+            f"model.pth and tokenizer.tiktoken{hint}"
+        )
+    if not folder.is_dir():
+        raise FileNotFoundError(f"checkpoint folder not found: {folder}")

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from fishserve.models.checkpoint import check_keys, read_state_dict
-from fishserve.models.config import DualARConfig
+from fishserve.models.config import DualARConfig, check_checkpoint_folder
 from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.tokenizer import TOKENIZER_FILENAME, FishTokenizer
 
@@ -32,24 +32,6 @@ DUMMY_LOGITS = ("flat", "peaked")
 PEAKED_LOGIT_STD = 8.0
 # Buffers some saved checkpoints carry (caches, RoPE tables, masks); they are rebuilt, not loaded.
 _BUFFER_KEY = re.compile(r"(.*\.kv_cache\.[kv]_cache|(fast_)?freqs_cis|causal_mask)")
-
-
-def check_checkpoint_folder(folder: Path) -> None:
-    """Raise unless `folder` is a directory (the official layout: config.json, model.pth,
-    tokenizer.tiktoken side by side).
-
-    Raises:
-        FileNotFoundError: it does not exist, or it is a file (then the message names the
-            folder to pass instead).
-    """
-    if folder.is_file():
-        hint = f" ({folder.parent})" if (folder.parent / "config.json").is_file() else ""
-        raise FileNotFoundError(
-            f"checkpoint {folder} is a file: pass the folder that holds config.json, "
-            f"model.pth and tokenizer.tiktoken{hint}"
-        )
-    if not folder.is_dir():
-        raise FileNotFoundError(f"checkpoint folder not found: {folder}")
 
 
 def find_weights(checkpoint_dir: Path) -> Path:

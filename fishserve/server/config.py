@@ -27,8 +27,9 @@ from pydantic import (
     field_validator,
 )
 
-from fishserve.engine.memory import parse_memory_size
-from fishserve.engine.step_profiler import ENV_VARS as STEP_PROFILER_ENV_VARS
+from fishserve.engine.profiler_env import ENV_VARS as STEP_PROFILER_ENV_VARS
+from fishserve.engine.sizes import parse_memory_size
+from fishserve.models.config import DECODER_FILENAME, check_checkpoint_folder
 
 log = logging.getLogger(__name__)
 ENV_PREFIX = "FISHSERVE_"
@@ -309,3 +310,27 @@ def settings_error(exc: ValidationError, origins: Mapping[str, str]) -> str:
             message = err["msg"].removeprefix("Value error, ")
             lines.append(f"  {key} = {err['input']!r} (from {where}): {message}")
     return "\n".join(lines)
+
+
+def check_model_files(config: ServerConfig) -> None:
+    """The files and folders `config` names exist (no PyTorch needed: the CLI checks them
+    before importing it, so a wrong path fails in a second).
+
+    Raises:
+        FileNotFoundError: a checkpoint folder, decoder weights or decoder config is missing.
+        ValueError: `references_dir` exists but is not a folder.
+    """
+    if config.checkpoint is not None:
+        check_checkpoint_folder(config.checkpoint)
+    for name in ("decoder_checkpoint", "decoder_config"):
+        path = getattr(config, name)
+        if path is not None and not path.is_file():
+            raise FileNotFoundError(f"{name} file not found: {path}")
+    if config.references_dir.exists() and not config.references_dir.is_dir():
+        raise ValueError(f"references_dir is not a folder: {config.references_dir}")
+    folder = config.checkpoint
+    needs_file = config.decoder_checkpoint is None and not config.random_weights
+    if needs_file and folder is not None and not (folder / DECODER_FILENAME).is_file():
+        raise FileNotFoundError(
+            f"no decoder weights: pass --decoder-checkpoint or put {DECODER_FILENAME} in {folder}"
+        )

@@ -29,22 +29,22 @@ from fishserve.audio.streaming import ChunkPolicy
 from fishserve.engine.async_engine import AsyncEngine
 from fishserve.engine.engine import EngineConfig, EngineStats, GenerationRequest, LLMEngine
 from fishserve.engine.gpu_turns import GpuTurns
-from fishserve.engine.memory import configure_cuda_allocator, parse_memory_size
+from fishserve.engine.memory import configure_cuda_allocator
+from fishserve.engine.sizes import parse_memory_size
 from fishserve.engine.step_profiler import StepProfiler
 from fishserve.engine.warmup import warm_up_general_path
 from fishserve.models.firefly import FireflyGenerator
 from fishserve.models.loading import (
-    check_checkpoint_folder,
     load_text2semantic,
     resolve_device,
     resolve_dtype,
 )
-from fishserve.server.config import ServerConfig
+from fishserve.server.config import ServerConfig, check_model_files
 from fishserve.server.decode_worker import DecodeWorker
 from fishserve.server.gc_control import GC_PAUSES, freeze_after_startup
 from fishserve.server.gil_probe import GilProbe
 from fishserve.server.pipeline import EARLY_CHUNK_S, AudioChunk, synthesize
-from fishserve.synthesis import DECODER_FILENAME, load_decoder
+from fishserve.synthesis import load_decoder
 
 log = logging.getLogger(__name__)
 # Free device memory below this fraction of the total makes the server refuse new work (503).
@@ -332,20 +332,7 @@ def check_settings(config: ServerConfig) -> None:
                 f"gpu_memory_budget {config.gpu_memory_budget!r} is a fraction of GPU memory, "
                 f"but the device is {device}: give a size such as 4GiB"
             )
-    if config.checkpoint is not None:
-        check_checkpoint_folder(config.checkpoint)
-    for name in ("decoder_checkpoint", "decoder_config"):
-        path = getattr(config, name)
-        if path is not None and not path.is_file():
-            raise FileNotFoundError(f"{name} file not found: {path}")
-    if config.references_dir.exists() and not config.references_dir.is_dir():
-        raise ValueError(f"references_dir is not a folder: {config.references_dir}")
-    folder = config.checkpoint
-    needs_file = config.decoder_checkpoint is None and not config.random_weights
-    if needs_file and folder is not None and not (folder / DECODER_FILENAME).is_file():
-        raise FileNotFoundError(
-            f"no decoder weights: pass --decoder-checkpoint or put {DECODER_FILENAME} in {folder}"
-        )
+    check_model_files(config)
 
 
 def uses_engine_process(config: ServerConfig) -> bool:

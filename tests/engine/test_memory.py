@@ -7,9 +7,9 @@ from conftest import make_engine
 
 from fishserve.engine.memory import (
     InsufficientMemoryError,
-    parse_memory_size,
     plan_memory,
 )
+from fishserve.engine.sizes import parse_memory_size
 
 GiB, MiB = 2**30, 2**20
 
