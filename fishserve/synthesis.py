@@ -23,7 +23,7 @@ from fishserve.engine.long_text import generate_long, plan_long_text
 from fishserve.engine.reference import generate
 from fishserve.engine.sampling import MIN_TEMPERATURE, SamplingParams
 from fishserve.errors import GenerationError
-from fishserve.models.config import DECODER_FILENAME, check_checkpoint_folder
+from fishserve.models.config import DECODER_FILENAME, check_checkpoint_folder, check_decoder_in
 from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.firefly import FireflyGenerator, load_firefly
 from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
@@ -195,13 +195,8 @@ def check_model_files(opts: SynthesisOptions) -> None:
     if opts.decoder_checkpoint is not None and not opts.decoder_checkpoint.is_file():
         raise FileNotFoundError(f"--decoder-checkpoint file not found: {opts.decoder_checkpoint}")
     dummy = opts.checkpoint is None or opts.load_format == "dummy"
-    if dummy or opts.decoder_checkpoint is not None:
-        return
-    if not (opts.checkpoint / DECODER_FILENAME).is_file():
-        raise FileNotFoundError(
-            f"no decoder weights: pass --decoder-checkpoint or put {DECODER_FILENAME} in "
-            f"{opts.checkpoint}"
-        )
+    if not dummy and opts.decoder_checkpoint is None:
+        check_decoder_in(opts.checkpoint)
 
 
 def sampling_params(opts: SynthesisOptions) -> SamplingParams:

@@ -207,11 +207,11 @@ def _check_npy_size(data: bytes, label: str) -> None:
         shape, _, dtype = (read or np.lib.format.read_array_header_2_0)(fp)
     except (ValueError, OSError) as exc:
         raise AudioDecodeError(f"{label}: unreadable .npy data: {exc}") from exc
-    claimed = math.prod(shape) * dtype.itemsize
-    if claimed > len(data) - fp.tell():
+    claimed, held = math.prod(shape) * dtype.itemsize, len(data) - fp.tell()
+    if claimed > held:
         raise AudioDecodeError(
             f"{label}: .npy header claims shape {shape} ({claimed} bytes of {dtype}) but the "
-            f"data holds {len(data) - fp.tell()} bytes"
+            f"data holds {held} bytes"
         )
 
 

@@ -150,3 +150,15 @@ def check_checkpoint_folder(folder: Path) -> None:
         )
     if not folder.is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {folder}")
+
+
+def check_decoder_in(folder: Path) -> None:
+    """Raise unless the release's decoder weights (`DECODER_FILENAME`) are in `folder`.
+
+    Raises:
+        FileNotFoundError: they are not (the message says how to give them).
+    """
+    if not (folder / DECODER_FILENAME).is_file():
+        raise FileNotFoundError(
+            f"no decoder weights: pass --decoder-checkpoint or put {DECODER_FILENAME} in {folder}"
+        )

@@ -29,7 +29,7 @@ from pydantic import (
 
 from fishserve.engine.profiler_env import ENV_VARS as STEP_PROFILER_ENV_VARS
 from fishserve.engine.sizes import parse_memory_size
-from fishserve.models.config import DECODER_FILENAME, check_checkpoint_folder
+from fishserve.models.config import check_checkpoint_folder, check_decoder_in
 
 log = logging.getLogger(__name__)
 ENV_PREFIX = "FISHSERVE_"
@@ -328,9 +328,6 @@ def check_model_files(config: ServerConfig) -> None:
             raise FileNotFoundError(f"{name} file not found: {path}")
     if config.references_dir.exists() and not config.references_dir.is_dir():
         raise ValueError(f"references_dir is not a folder: {config.references_dir}")
-    folder = config.checkpoint
     needs_file = config.decoder_checkpoint is None and not config.random_weights
-    if needs_file and folder is not None and not (folder / DECODER_FILENAME).is_file():
-        raise FileNotFoundError(
-            f"no decoder weights: pass --decoder-checkpoint or put {DECODER_FILENAME} in {folder}"
-        )
+    if needs_file and config.checkpoint is not None:
+        check_decoder_in(config.checkpoint)

@@ -34,11 +34,7 @@ from fishserve.engine.sizes import parse_memory_size
 from fishserve.engine.step_profiler import StepProfiler
 from fishserve.engine.warmup import warm_up_general_path
 from fishserve.models.firefly import FireflyGenerator
-from fishserve.models.loading import (
-    load_text2semantic,
-    resolve_device,
-    resolve_dtype,
-)
+from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
 from fishserve.server.config import ServerConfig, check_model_files
 from fishserve.server.decode_worker import DecodeWorker
 from fishserve.server.gc_control import GC_PAUSES, freeze_after_startup

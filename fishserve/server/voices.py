@@ -14,8 +14,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-# Letters, digits, '_', '-', '.', starting with a letter or digit: no '/', no '..'.
 log = logging.getLogger(__name__)
+# Letters, digits, '_', '-', '.', starting with a letter or digit: no '/', no '..'.
 _VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".webm")
 
