@@ -111,7 +111,7 @@ def serve(
         _setting(
             "async_scheduling",
             "GPU: launch each engine step before the previous one's frames reach the host "
-            "(a faster engine; measured slower end to end beside the streaming decoder).",
+            "(a faster engine and lower RTF; later first audio near the server's capacity).",
         ),
     ] = None,
     compile_fast_transformer: Annotated[
