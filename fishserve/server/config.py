@@ -73,7 +73,7 @@ class ServerConfig(BaseModel):
     enforce_eager: bool = False
     # Launch each engine step before the previous one's frames reach the host, so the host's
     # per-step work overlaps the GPU's (EngineConfig.async_scheduling). Off by default: the
-    # server runs 30-45% more engine steps/s and keeps streams at RTF <= 0.5 up to 352 streams
+    # server runs 9-39% more engine steps/s and keeps streams at RTF <= 0.5 up to 352 streams
     # on an H200, but its extra frames load the decoder and first audio came later at 384-448
     # streams (docs/benchmarks.md §6.18).
     async_scheduling: bool = False
