@@ -11,7 +11,7 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
 
 from fishserve.audio.io import AudioDecodeError
-from fishserve.server.errors import MAX_LISTED_ERRORS, ApiError
+from fishserve.server.errors import MAX_LISTED_ERRORS, ApiError, voice_param
 from fishserve.server.routes_tts import DEFAULT_VOICE, parse_body
 from fishserve.server.runtime import ServingRuntime, decoder_behind
 from fishserve.server.schemas import MAX_REFERENCE_TEXT
@@ -109,7 +109,8 @@ async def delete_reference(request: Request) -> JSONResponse:
         voice_id = reference_id_of(await parse_body(request))
     if not voice_id:
         raise ApiError(400, "reference_id is required", "reference_id")
-    await asyncio.to_thread(_state(request).voices.delete, voice_id)
+    with voice_param("reference_id"):  # an unknown or invalid id: 404/400 naming the field
+        await asyncio.to_thread(_state(request).voices.delete, voice_id)
     return JSONResponse({"success": True, "message": "reference deleted", "reference_id": voice_id})
 
 

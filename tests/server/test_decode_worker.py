@@ -782,6 +782,8 @@ def test_an_error_at_the_gpu_sync_fails_its_call_not_the_thread(pipeline: bool) 
         worker.shutdown()
 
 
+# Python's own thread hook ignores SystemExit; pytest's reports it as a warning.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_pipelined_worker_goes_on_if_its_waiter_thread_dies() -> None:
     """Readiness comes from the waiter thread; if that thread ends (only a BaseException could
     end it), the worker waits for its calls itself instead of waiting for a wake-up forever."""
@@ -789,7 +791,7 @@ def test_a_pipelined_worker_goes_on_if_its_waiter_thread_dies() -> None:
     class DyingWaiterCall(StepCall):
         def wait_gpu(self) -> None:
             if threading.current_thread().name == "fishserve-decoder-wait":
-                raise SystemExit  # ends the waiter thread quietly
+                raise SystemExit  # ends the waiter thread (quietly, outside pytest)
             super().wait_gpu()
 
     class Runner(StepRunner):

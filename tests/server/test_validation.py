@@ -215,7 +215,8 @@ def test_voices_add_list_use_delete(server):
     assert (
         httpx.request("DELETE", base + "/delete", json={"reference_id": "alice"}).status_code == 200
     )
-    assert httpx.request("DELETE", base + "/delete", json={"id": "alice"}).status_code == 404
+    gone = httpx.request("DELETE", base + "/delete", json={"id": "alice"})
+    assert gone.status_code == 404 and gone.json()["error"]["param"] == "reference_id"
     assert httpx.get(base + "/list").json()["reference_ids"] == []
 
 
