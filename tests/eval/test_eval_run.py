@@ -113,6 +113,26 @@ def test_cli_eval(tmp_path, one_thread):
     assert bad.exit_code == 2 and "fp64/fp32" in bad.output
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--checkpoint", str(TINY_T2S)], "no decoder weights: pass --decoder-checkpoint"),
+        (["--checkpoint", "/nonexistent"], "checkpoint folder not found: /nonexistent"),
+        (
+            ["--checkpoint", str(TINY_T2S), "--decoder-checkpoint", "/nope.pth"],
+            "decoder checkpoint not found: /nope.pth",
+        ),
+    ],
+)
+def test_cli_eval_checks_its_files_before_loading(tmp_path, monkeypatch, args, message):
+    import fishserve.eval.run as run_module
+
+    monkeypatch.setattr(run_module, "run_eval", lambda *a: pytest.fail("loaded"))
+    result = CliRunner().invoke(app, ["eval", *args, "--output-dir", str(tmp_path)])
+    assert result.exit_code != 0 and message in result.output, result.output
+    assert "Traceback" not in result.output
+
+
 def test_without_matplotlib_eval_writes_its_reports_and_removes_a_stale_plot(
     tmp_path, monkeypatch, one_thread
 ):
