@@ -124,9 +124,16 @@ class LiveServer:
         self.port = sock.getsockname()[1]
         sock.close()
         self.app = create_app(config)
-        self.server = uvicorn.Server(
-            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
+        from fishserve.server.http_protocol import HeaderTimeoutH11Protocol
+
+        config = uvicorn.Config(
+            self.app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            http=HeaderTimeoutH11Protocol,  # as `fishserve serve` runs it
         )
+        self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{self.port}"
 

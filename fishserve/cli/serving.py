@@ -287,6 +287,10 @@ def serve(
     import uvicorn
 
     from fishserve.server.app import check_port, create_app
+    from fishserve.server.http_protocol import (
+        HeaderTimeoutH11Protocol,
+        install_accept_error_filter,
+    )
     from fishserve.server.runtime import build_runtime, check_settings
     from fishserve.synthesis import RANDOM_WEIGHTS_WARNING
 
@@ -301,6 +305,7 @@ def serve(
         runtime = build_runtime(settings)
     app_ = create_app(settings, build_runtime, runtime)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()  # -v/-q
+    install_accept_error_filter()
     # log_config=None: uvicorn's lines go through our handler, with timestamps like ours
     uvicorn.run(
         app_,
@@ -309,4 +314,5 @@ def serve(
         log_level=level,
         log_config=None,
         timeout_graceful_shutdown=settings.shutdown_timeout,
+        http=HeaderTimeoutH11Protocol,  # slow or silent connections cannot pile up
     )

@@ -119,3 +119,30 @@ def test_split_properties(text: str, limit: int) -> None:
     nonspace = [c for c in "".join(pieces) if not c.isspace()]
     source = iter(c for c in clean_text(text) if not c.isspace())
     assert all(c in source for c in nonspace)  # an in-order subsequence of the cleaned text
+
+
+def test_decimal_protection_matches_as_the_unanchored_pattern_did():
+    """The float pattern's lookbehind (linear time on long digit runs) changes no match."""
+    import random
+    import re
+
+    from fishserve.models.text import _FLOAT_RE
+
+    unanchored = re.compile(r"(\d+)\.(\d+)")
+    rng = random.Random(0)
+    for _ in range(2000):
+        text = "".join(rng.choice("12.a <") for _ in range(rng.randrange(1, 30)))
+        assert _FLOAT_RE.sub(r"<\1_f_\2>", text) == unanchored.sub(r"<\1_f_\2>", text), text
+
+
+def test_a_long_run_of_digits_is_split_without_quadratic_backtracking():
+    """50,000 digits took ~30 s with the unanchored pattern (quadratic), ~0.1 s now; the bound
+    is loose on purpose: it catches the blow-up, not a slow machine."""
+    import threading
+
+    result: list[list[str]] = []
+    worker = threading.Thread(target=lambda: result.append(split_text("1" * 50_000, 200)))
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive(), "split_text backtracks on a long run of digits"
+    assert "".join(result[0]) == "1" * 50_000 and max(map(len, result[0])) <= 200
