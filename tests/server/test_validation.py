@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import gzip
 import io
+import json
 import logging
 import shutil
 import socket
@@ -141,6 +143,15 @@ def test_malformed_bodies(server):
     )
     big = httpx.post(url, content=b"x" * (3 * 2**20), headers={"content-type": "application/json"})
     assert big.status_code == 413
+    body = json.dumps({"text": "Hi.", "max_new_tokens": 2}).encode()
+    for encoding, data in (("gzip", gzip.compress(body)), ("br", body), ("identity", body)):
+        reply = httpx.post(
+            url, content=data, headers={"content-encoding": encoding}, timeout=60
+        )  # a body marked compressed is refused, never read as plain (or as garbage)
+        expected = 200 if encoding == "identity" else 415
+        assert reply.status_code == expected, (encoding, reply.text)
+        if expected == 415:
+            assert "Content-Encoding" in reply.json()["message"]
 
 
 OPENAI_CASES = [
