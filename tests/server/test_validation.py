@@ -587,3 +587,18 @@ def test_an_unknown_voice_is_refused_without_listing_the_store(tmp_path, monkeyp
     for action in (store.get, store.delete):
         with pytest.raises(VoiceNotFoundError, match="'bob' not found"):
             action("bob")
+
+
+def test_field_names_with_lone_surrogates_are_echoed_escaped(server):
+    """JSON may spell a lone surrogate (\\ud800), which UTF-8 cannot encode: an error naming
+    such a field must still be a 422 in JSON, not a 400 about a codec."""
+    keys = ", ".join(f'"k\\ud800{i}": 0' for i in range(12))
+    raw = ('{"text": "hi", ' + keys + "}").encode()
+    headers = {"content-type": "application/json"}
+    response = httpx.post(server.url + "/v1/tts", content=raw, headers=headers, timeout=60)
+    assert response.status_code == 422, response.text
+    assert response.json()["message"].startswith("12 unknown fields in body: k\\ud8000,")
+    one = b'{"\\ud800": 1}'
+    url = server.url + "/v1/references/delete"
+    response = httpx.request("DELETE", url, content=one, headers=headers, timeout=60)
+    assert response.status_code == 422 and "\\ud800" in response.json()["message"]
