@@ -3,6 +3,10 @@
 `TTSRequest` is Fish Speech 1.5's `ServeTTSRequest` (spec §7.2) with the same field names and
 defaults; ranges are enforced (the reference declares but does not enforce some). fishserve
 extensions are marked as such. `SpeechRequest` is OpenAI's `POST /v1/audio/speech` body.
+
+Types are strict (pydantic's strict mode): a number must be a number, not a string or a
+boolean (``"seed": true`` was read as 1, ``"max_new_tokens": "3"`` as 3), a boolean must be
+true or false; a whole number is accepted where a float is expected.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ class ReferenceAudio(BaseModel):
     In JSON, `audio` is a base64 string; in msgpack, raw bytes.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     audio: bytes
     text: str = Field(default="", max_length=MAX_REFERENCE_TEXT)
@@ -55,7 +59,7 @@ class ReferenceAudio(BaseModel):
 class TTSRequest(BaseModel):
     """Body of `POST /v1/tts` (Fish Speech 1.5 `ServeTTSRequest`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     text: str = Field(min_length=1, description="Text to speak.")
     chunk_length: Annotated[int, Field(ge=100, le=300)] = 200
@@ -82,7 +86,7 @@ class SpeechRequest(BaseModel):
     so are fields OpenAI's API does not define (kept in `model_extra` so the response can
     name them: an SDK's `extra_body` must not look as if it had been applied)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str = "fish-speech-1.5"
     input: str = Field(min_length=1, max_length=4096)

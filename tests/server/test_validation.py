@@ -75,6 +75,14 @@ TTS_CASES = [
     ({"text": "hi", "max_new_tokens": 10**6}, 422, "max_new_tokens"),
     ({"text": "hi", "seed": -3}, 422, "seed"),
     ({"text": "hi", "streaming": "maybe"}, 422, "streaming"),
+    # strict types: no string or boolean read as a number, no number or word as a boolean
+    ({"text": "hi", "seed": True}, 422, "seed: Input should be a valid integer"),
+    ({"text": "hi", "seed": " 5 "}, 422, "seed: Input should be a valid integer"),
+    ({"text": "hi", "temperature": True}, 422, "temperature: Input should be a valid number"),
+    ({"text": "hi", "max_new_tokens": "3"}, 422, "max_new_tokens: Input should be a valid"),
+    ({"text": "hi", "max_new_tokens": True}, 422, "max_new_tokens: Input should be a valid"),
+    ({"text": "hi", "streaming": "yes"}, 422, "streaming: Input should be a valid boolean"),
+    ({"text": "hi", "normalize": 0}, 422, "normalize: Input should be a valid boolean"),
     ({"text": "hi", "bogus_field": 1}, 422, "bogus_field"),
     ({"text": "hi", "references": [ref("not base64 !!")]}, 422, "base64"),
     ({"text": "hi", "references": [ref(b"garbage bytes, not audio")]}, 400, "decode"),
@@ -169,6 +177,7 @@ OPENAI_CASES = [
     ),
     ({"input": "😀 👍", "voice": "default"}, 400, "input is empty"),
     ({"input": "hi", "voice": "default", "stream_format": "video"}, 422, "stream_format"),
+    ({"input": "hi", "voice": "default", "speed": "1"}, 422, "speed: Input should be a valid"),
 ]
 
 
