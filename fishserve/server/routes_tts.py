@@ -214,6 +214,7 @@ async def tts(request: Request) -> Response:
         inline = [InlineReference(r.audio, r.text) for r in body.references]
         with voice_param("reference_id"):
             refs = await references_of(state, runtime, body.reference_id, inline)
+        state.refuse_if_queue_full(runtime)
         params = SamplingParams(
             max(body.temperature, MIN_TEMPERATURE), body.top_p, body.repetition_penalty, body.seed
         )
@@ -262,6 +263,7 @@ async def speech(request: Request) -> Response:
     async with state.request() as runtime:
         with voice_param("voice"):
             refs = await speech_references(runtime, state, voice)
+        state.refuse_if_queue_full(runtime)
         window = history_window(runtime.max_seq_len)
         max_new_tokens = state.config.max_new_tokens
         gen = GenerationRequest(text, refs, SamplingParams(), 200, max_new_tokens, window)

@@ -119,13 +119,23 @@ class ServerState:
             EngineBusyError: the requests waiting in `runtime`'s engine (`pending`) plus those
                 already encoding reach `max_waiting` (HTTP 429 with Retry-After).
         """
-        if (waiting := runtime.pending() + self.encoding) >= self.config.max_waiting:
-            raise queue_full(waiting)
+        self.refuse_if_queue_full(runtime)
         self.encoding += 1
         try:
             yield
         finally:
             self.encoding -= 1
+
+    def refuse_if_queue_full(self, runtime: ServingRuntime) -> None:
+        """Refuse a request about to wait for admission when the requests already waiting,
+        in the engine (`pending`) and encoding their references, reach `max_waiting` (the
+        engine's own bound counts only its own queue: with both, twice as many could wait).
+
+        Raises:
+            EngineBusyError: the queue is full (HTTP 429 with Retry-After).
+        """
+        if (waiting := runtime.pending() + self.encoding) >= self.config.max_waiting:
+            raise queue_full(waiting)
 
     @asynccontextmanager
     async def request(self) -> AsyncIterator[ServingRuntime]:

@@ -318,6 +318,13 @@ def test_references_are_refused_before_their_encoding_when_the_queue_is_full(tmp
             assert refused.status_code == 429 and refused.headers["retry-after"]
             assert "2 requests waiting" in refused.json()["message"]
             assert len(calls) == 2  # the refused request's reference was never encoded
+            # Nothing to encode: the engine's own queue is empty, but two requests wait.
+            plain = {"text": "No voice.", "max_new_tokens": 3}
+            crowded = httpx.post(live.url + "/v1/tts", json=plain, timeout=60)
+            assert crowded.status_code == 429, crowded.text
+            speech = {"input": "No voice.", "voice": "default", "response_format": "wav"}
+            crowded = httpx.post(live.url + "/v1/audio/speech", json=speech, timeout=60)
+            assert crowded.status_code == 429, crowded.text
         finally:
             gate.set()
             for t in senders:
