@@ -93,7 +93,7 @@ async def _check_add_fields(request: Request) -> None:
             raise ApiError(422, f"form field {name!r} given more than once", name)
 
 
-@router.get("/v1/references/list")
+@router.api_route("/v1/references/list", methods=["GET", "HEAD"])
 async def list_references(request: Request) -> JSONResponse:
     """Ids of the stored voices."""
     ids = await asyncio.to_thread(_state(request).voices.list)
@@ -215,13 +215,13 @@ def _model_card() -> dict[str, Any]:
     return {"id": MODEL_ID, "object": "model", "created": STARTED, "owned_by": "fishserve"}
 
 
-@router.get("/v1/models")
+@router.api_route("/v1/models", methods=["GET", "HEAD"])
 async def list_models() -> JSONResponse:
     """OpenAI's model list: the one model this server speaks with."""
     return JSONResponse({"object": "list", "data": [_model_card()]})
 
 
-@router.get("/v1/models/{model_id}")
+@router.api_route("/v1/models/{model_id}", methods=["GET", "HEAD"])
 async def retrieve_model(model_id: str) -> JSONResponse:
     """OpenAI's model retrieval.
 
@@ -233,7 +233,7 @@ async def retrieve_model(model_id: str) -> JSONResponse:
     return JSONResponse(_model_card())
 
 
-@router.get("/metrics")
+@router.api_route("/metrics", methods=["GET", "HEAD"])
 async def metrics(request: Request) -> Response:
     """Prometheus exposition."""
     state = _state(request)

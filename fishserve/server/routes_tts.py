@@ -25,6 +25,7 @@ from fishserve.audio.encoders import (
 from fishserve.engine.engine import GenerationRequest
 from fishserve.engine.sampling import MIN_TEMPERATURE, SamplingParams
 from fishserve.models.prompt import HISTORY_RESERVE, Reference
+from fishserve.models.text import split_text
 from fishserve.server.errors import ApiError, voice_param
 from fishserve.server.normalize import normalize_text
 from fishserve.server.runtime import ServingRuntime, decoder_behind
@@ -130,7 +131,8 @@ def prepare_text(state: ServerState, text: str, normalize: bool, param: str = "t
 
     Raises:
         ApiError 400: empty after normalisation, nothing but control, format or space
-            characters (e.g. zero-width spaces, a NUL), or longer than `max_text_length`.
+            characters (e.g. zero-width spaces, a NUL), nothing but punctuation (the engine
+            drops it: `split_text`), or longer than `max_text_length`.
     """
     if len(text) > state.config.max_text_length:
         raise ApiError(
@@ -140,11 +142,13 @@ def prepare_text(state: ServerState, text: str, normalize: bool, param: str = "t
         )
     text = normalize_text(text) if normalize else text.strip()
     if not text:
-        raise ApiError(400, f"{param} is empty after normalization", param)
+        raise ApiError(400, f"{param} is empty{' after normalization' if normalize else ''}", param)
     if not any(unicodedata.category(ch)[0] in "LNPS" for ch in text):
         raise ApiError(
             400, f"{param} has nothing to speak: only control, invisible or space characters", param
         )
+    if not split_text(text, 0):  # what the engine would refuse, with the field named here
+        raise ApiError(400, f"{param} has nothing to speak: only punctuation", param)
     return text
 
 

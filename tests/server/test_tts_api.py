@@ -400,3 +400,14 @@ def test_openai_model_list_and_retrieval(server):
     assert client.models.retrieve("fish-speech-1.5").owned_by == "fishserve"
     with pytest.raises(openai.NotFoundError, match="tts-1"):
         client.models.retrieve("tts-1")
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/health", "/metrics", "/v1/models", "/v1/models/fish-speech-1.5", "/v1/references/list"],
+)
+def test_head_works_wherever_get_does(server, path):
+    """Monitors and load balancers probe with HEAD: the GET's status and type, no body."""
+    get, head = httpx.get(server.url + path), httpx.head(server.url + path)
+    assert get.status_code == head.status_code == 200
+    assert head.headers["content-type"] == get.headers["content-type"] and head.content == b""

@@ -57,9 +57,11 @@ def ref(audio: bytes | str, text: str = "hi") -> dict:
 TTS_CASES = [
     ({"text": ""}, 422, "text"),
     ({"text": "   \n "}, 400, "empty"),
-    ({"text": "**  **"}, 400, "empty"),
+    ({"text": "**  **"}, 400, "text has nothing to speak"),
     ({"text": "\u200b\u200b\ufeff"}, 400, "nothing to speak"),
     ({"text": "\x00\x07", "normalize": False}, 400, "nothing to speak"),
+    ({"text": "  ", "normalize": False}, 400, "text is empty"),
+    ({"text": "... !? ;"}, 400, "text has nothing to speak: only punctuation"),
     ({}, 422, "text"),
     ({"text": 5}, 422, "text"),
     ({"text": "x" * 501}, 400, "limit"),
@@ -102,6 +104,9 @@ def test_bad_tts_input(server, body, status, message):
     error = response.json()
     assert message in error["message"]
     assert error["statusCode"] == status and error["error"]["message"] == error["message"]
+    if message.startswith("text "):  # the field at fault is named
+        assert error["error"]["param"] == "text"
+        assert "after normalization" not in error["message"] or body.get("normalize", True)
 
 
 @pytest.mark.parametrize("field", ["temperature", "top_p", "repetition_penalty"])
@@ -176,6 +181,7 @@ OPENAI_CASES = [
         "use voice 'default' or add a voice via /v1/references",
     ),
     ({"input": "😀 👍", "voice": "default"}, 400, "input is empty"),
+    ({"input": "?!", "voice": "default"}, 400, "input has nothing to speak: only punctuation"),
     ({"input": "hi", "voice": "default", "stream_format": "video"}, 422, "stream_format"),
     ({"input": "hi", "voice": "default", "speed": "1"}, 422, "speed: Input should be a valid"),
 ]
