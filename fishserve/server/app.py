@@ -125,7 +125,8 @@ class GuardMiddleware:
     * stamps the request's arrival (`time.monotonic()`, before its body is read; see
       `routes_tts.arrival_of`);
     * 401 without the bearer API key (when set), except on `OPEN_PATHS`;
-    * 415 for a compressed body (any Content-Encoding but identity: no route decompresses);
+    * 415 for a compressed body (a body with any Content-Encoding but identity: no route
+      decompresses);
     * 413 when Content-Length, or the bytes received so far, exceed `max_body_bytes`
       (chunked uploads included); 408 when the body is not complete `request_timeout`
       seconds after arrival (a stalled or very slow upload, on any route); both close the
@@ -177,7 +178,8 @@ class GuardMiddleware:
             if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key):
                 return error_response(401, "missing or wrong API key (Authorization: Bearer)")
         encoding = headers.get("content-encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):  # no route decompresses: refuse, never misread
+        has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+        if has_body and encoding not in ("", "identity"):  # no route decompresses: refuse
             return error_response(
                 415,
                 f"unsupported Content-Encoding {encoding[:40]!r}: send the body uncompressed",

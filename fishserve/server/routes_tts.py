@@ -29,8 +29,13 @@ from fishserve.models.text import split_text
 from fishserve.server.errors import ApiError, voice_param
 from fishserve.server.normalize import normalize_text
 from fishserve.server.runtime import ServingRuntime, decoder_behind
-from fishserve.server.schemas import SpeechRequest, TTSRequest, refuse_unknown_field_floods
-from fishserve.server.service import InlineReference, resolve_references, stream_audio
+from fishserve.server.schemas import SpeechRequest, TTSRequest, refuse_bad_field_names
+from fishserve.server.service import (
+    InlineReference,
+    encode_references,
+    load_voice,
+    stream_audio,
+)
 from fishserve.server.state import ServerState
 from fishserve.server.streaming import collect, sse_response, streaming_response
 from fishserve.server.voices import VoiceNotFoundError
@@ -104,12 +109,13 @@ async def _off_loop(parse: Callable[[bytes], Any], raw: bytes) -> Any:
 
 def validated(model: type[Body], data: Any) -> Body:
     """`model.model_validate(data)` (in a worker thread: large bodies take a while), with a
-    flood of unknown fields refused first (`refuse_unknown_field_floods`).
+    flood of unknown fields or a name that is not Unicode refused first
+    (`refuse_bad_field_names`).
 
     Raises:
         ApiError 422 / pydantic.ValidationError: invalid fields.
     """
-    refuse_unknown_field_floods(model, data)
+    refuse_bad_field_names(model, data)
     return model.model_validate(data)
 
 
@@ -181,17 +187,21 @@ async def references_of(
     voice_id: str | None,
     inline: list[InlineReference],
 ) -> list[Reference]:
-    """`resolve_references`, for a request that waits for admission meanwhile: refused
-    first when the queue is full, so a reference's encoding is not paid for a 429, and
+    """The stored voice `voice_id` (if any) and the `inline` references, encoded. The stored
+    voice is read first (an unknown id is a 404 without ever counting as waiting); the
+    encoding is refused first when the queue is full, so it is not paid for a 429, and
     counted as waiting while it runs (`ServerState.encoding_refs`).
 
     Raises:
-        EngineBusyError: the queue is full; else as `resolve_references`.
+        VoiceNotFoundError / InvalidVoiceIdError: unknown or unsafe voice id.
+        EngineBusyError: the queue is full.
+        ReferenceAudioError: undecodable, empty, silent or too long audio.
     """
-    if voice_id is None and not inline:
+    sources = await load_voice(state.voices, voice_id) + list(inline)
+    if not sources:
         return []
     with state.encoding_refs(runtime):
-        return await resolve_references(runtime, state.voices, voice_id, inline)
+        return await encode_references(runtime, sources)
 
 
 def history_window(max_seq_len: int) -> int:

@@ -105,29 +105,47 @@ class ErrorBody(BaseModel):
     error: dict[str, str | None]
 
 
-def refuse_unknown_field_floods(model: type[BaseModel], data: Any, where: str = "") -> None:
-    """Refuse, before validating, an object with more than `MAX_LISTED_ERRORS` unknown fields
-    for a `model` that forbids them (also in lists of such models, e.g. `references`).
+def refuse_bad_field_names(model: type[BaseModel], data: Any, where: str = "") -> None:
+    """Refuse, before validating, field names pydantic would report badly or slowly (also in
+    lists of models, e.g. `references`):
 
-    pydantic would report each unknown field as an error: a million keys cost seconds of CPU
-    holding the GIL while their errors are built, stalling every stream.
+    * a name that is not valid Unicode (a lone surrogate, which JSON can spell ``\\ud800``):
+      pydantic reports it as an invalid string of the whole body, without its name;
+    * more than `MAX_LISTED_ERRORS` unknown fields for a `model` that forbids them: pydantic
+      would report each as an error, and a million keys cost seconds of CPU holding the GIL
+      while their errors are built, stalling every stream.
 
     Raises:
-        ApiError 422: naming the first ten unknown fields and how many there are.
+        ApiError 422: naming the invalid name (escaped), or the first ten unknown fields and
+            how many there are.
     """
-    if not isinstance(data, dict) or model.model_config.get("extra") != "forbid":
+    if not isinstance(data, dict):
         return
-    unknown = [key for key in data if key not in model.model_fields]
-    if len(unknown) > MAX_LISTED_ERRORS:
-        names = ", ".join(str(key)[:40] for key in unknown[:MAX_LISTED_ERRORS])
-        raise ApiError(
-            422, f"{len(unknown)} unknown fields in {where or 'body'}: {names}, ...", where or None
-        )
+    for key in data:
+        if isinstance(key, str) and not _is_unicode(key):
+            escaped = key.encode("utf-8", "backslashreplace").decode("utf-8")[:80]
+            message = f'field name "{escaped}" in {where or "body"} is not valid Unicode'
+            raise ApiError(422, message, f"{where}.{escaped}" if where else escaped)
+    if model.model_config.get("extra") == "forbid":
+        unknown = [key for key in data if key not in model.model_fields]
+        if len(unknown) > MAX_LISTED_ERRORS:
+            names = ", ".join(str(key)[:40] for key in unknown[:MAX_LISTED_ERRORS])
+            message = f"{len(unknown)} unknown fields in {where or 'body'}: {names}, ..."
+            raise ApiError(422, message, where or None)
     for name, field in model.model_fields.items():
         items, item_model = data.get(name), _list_item_model(field.annotation)
         if item_model is not None and isinstance(items, list):
             for i, item in enumerate(items[:MAX_LISTED_ERRORS]):
-                refuse_unknown_field_floods(item_model, item, f"{where}{name}.{i}")
+                refuse_bad_field_names(item_model, item, f"{where}{name}.{i}")
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether `text` has no lone surrogate (it can be encoded as UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _list_item_model(annotation: Any) -> type[BaseModel] | None:

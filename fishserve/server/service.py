@@ -42,7 +42,8 @@ __all__ = [
     "Synthesis",
     "SynthesisError",
     "SynthesisTimeoutError",
-    "resolve_references",
+    "encode_references",
+    "load_voice",
     "stream_audio",
 ]
 log = logging.getLogger(__name__)
@@ -70,19 +71,27 @@ class Synthesis:
     finish_reason: str | None = None
 
 
-async def resolve_references(
-    runtime: ServingRuntime, voices: VoiceStore, voice_id: str | None, inline: list[InlineReference]
-) -> list[Reference]:
-    """Codes of a stored voice and/or inline references, encoded off the event loop.
+async def load_voice(voices: VoiceStore, voice_id: str | None) -> list[InlineReference]:
+    """The stored voice `voice_id` as a reference to encode (read off the event loop); none
+    for None.
 
     Raises:
         VoiceNotFoundError / InvalidVoiceIdError: unknown or unsafe voice id.
+    """
+    if voice_id is None:
+        return []
+    stored = await asyncio.to_thread(voices.get, voice_id)
+    return [InlineReference(stored.audio, stored.text)]
+
+
+async def encode_references(
+    runtime: ServingRuntime, sources: list[InlineReference]
+) -> list[Reference]:
+    """Codes of each reference's audio, encoded off the event loop, in order.
+
+    Raises:
         ReferenceAudioError: undecodable, empty, silent or too long audio.
     """
-    sources = [InlineReference(r.audio, r.text) for r in inline]
-    if voice_id is not None:
-        stored = await asyncio.to_thread(voices.get, voice_id)
-        sources.insert(0, InlineReference(stored.audio, stored.text))
     refs = []
     for source in sources:
         codes = await runtime.encode_reference(source.audio)

@@ -325,6 +325,10 @@ def test_references_are_refused_before_their_encoding_when_the_queue_is_full(tmp
             speech = {"input": "No voice.", "voice": "default", "response_format": "wav"}
             crowded = httpx.post(live.url + "/v1/audio/speech", json=speech, timeout=60)
             assert crowded.status_code == 429, crowded.text
+            # An unknown voice is a 404 even now: it never counts as waiting.
+            unknown = {"text": "Hi.", "reference_id": "nobody"}
+            missing = httpx.post(live.url + "/v1/tts", json=unknown, timeout=60)
+            assert missing.status_code == 404, missing.text
         finally:
             gate.set()
             for t in senders:
