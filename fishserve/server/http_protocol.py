@@ -6,7 +6,8 @@ enough of them exhaust the process's file descriptors and the server stops accep
 (slowloris). `HeaderTimeoutH11Protocol` closes a connection whose request headers are not
 complete `HEADER_TIMEOUT_S` seconds after it opened or after its last response (Go's
 `ReadHeaderTimeout`, nginx's `client_header_timeout`). Bodies are bounded separately, by the
-app's request timeout.
+app's request timeout. The server always speaks HTTP/1.1 through h11 (a dependency of
+uvicorn) with this protocol: httptools, if installed, is not used.
 
 When descriptors run out anyway, asyncio logs "socket.accept() out of system resource" with
 a traceback at every retry (about 2,000 a minute); `AcceptErrorFilter` lets one through per
