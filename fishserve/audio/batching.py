@@ -15,13 +15,14 @@ decoder (CPU, fp32) max abs difference ~4e-8 (tests/audio/test_batching.py asser
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from fishserve.models.firefly import FireflyGenerator
+from fishserve.models.firefly.streaming import StreamState, decode_chunks
 
 if TYPE_CHECKING:
     from .streaming import StreamingDecoder
@@ -30,6 +31,7 @@ __all__ = [
     "DecodeJob",
     "check_groups",
     "decode_batch",
+    "decode_stateful",
     "decode_streams",
     "pad_jobs",
     "split_samples",
@@ -44,6 +46,9 @@ class DecodeJob:
         codes: ``(G, context_frames + new_frames)`` int64 codes, oldest frame first. Ids may be
             ``>= codebook_size`` (the decoder wraps them, spec §4.4); they must be ``>= 0``.
         context_frames: leading frames that are decoded only as context; their samples are dropped.
+        state: for a stateful stream (`StreamingDecoder(stateful=True)`), its decoder layers'
+            last inputs, continued by this job (then ``context_frames`` is 0 and jobs of one
+            stream must be decoded in order, one at a time); None: stateless.
 
     Raises:
         ValueError: ``codes`` is not a 2-D int64 array, holds negative ids, or
@@ -52,8 +57,11 @@ class DecodeJob:
 
     codes: np.ndarray
     context_frames: int
+    state: StreamState | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.state is not None and self.context_frames:
+            raise ValueError("a stateful job has no context frames (its state is the context)")
         if self.codes.ndim != 2 or self.codes.dtype != np.int64:
             raise ValueError(
                 f"DecodeJob.codes must be a (G, L) int64 array, got "
@@ -93,6 +101,8 @@ def decode_batch(decoder: FireflyGenerator, jobs: Sequence[DecodeJob]) -> list[n
     """
     if not jobs:
         return []
+    if any(job.state is not None for job in jobs):
+        return decode_stateful(decoder, jobs)
     codes, lengths = pad_jobs(jobs, decoder.config.n_groups)
     device = decoder.device
     with torch.inference_mode():
@@ -101,6 +111,30 @@ def decode_batch(decoder: FireflyGenerator, jobs: Sequence[DecodeJob]) -> list[n
         )
     samples = wave[:, 0].float().cpu().numpy()  # (B, L_max * frame_samples)
     return split_samples(samples, jobs, decoder.config.frame_samples)
+
+
+def decode_stateful(decoder: FireflyGenerator, jobs: Sequence[DecodeJob]) -> list[np.ndarray]:
+    """Decode stateful jobs (one per stream) in one padded call, each continuing its stream's
+    state (`fishserve.models.firefly.streaming.decode_chunks`).
+
+    Returns:
+        One ``(job.new_frames * frame_samples,)`` float32 array per job, in order.
+
+    Raises:
+        ValueError: a job without a state, two jobs of one stream, or codes with the wrong
+            number of rows.
+    """
+    states = [job.state for job in jobs]
+    if any(state is None for state in states) or len({id(s) for s in states}) < len(states):
+        raise ValueError("a stateful call takes one stateful job per stream")
+    codes, lengths = pad_jobs(jobs, decoder.config.n_groups)
+    waves = decode_chunks(
+        decoder,
+        torch.from_numpy(codes).to(decoder.device),
+        torch.from_numpy(lengths),
+        states,  # type: ignore[arg-type]
+    )
+    return [wave.cpu().numpy() for wave in waves]
 
 
 def pad_jobs(jobs: Sequence[DecodeJob], groups: int) -> tuple[np.ndarray, np.ndarray]:

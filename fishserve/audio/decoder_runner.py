@@ -66,7 +66,7 @@ from fishserve.models.firefly.triton_head import (
 )
 from fishserve.models.fusion import gpu_fused
 
-from .batching import DecodeJob, check_groups, pad_jobs, split_samples
+from .batching import DecodeJob, check_groups, decode_stateful, pad_jobs, split_samples
 from .streaming import ChunkPolicy
 
 log = logging.getLogger(__name__)
@@ -457,7 +457,9 @@ class DecoderRunner:
         check_groups(jobs, self.config.n_groups)
         slot = self._take_slot()
         try:
-            if self.trim_context is not None:
+            if jobs[0].state is not None:
+                cut = self._launch_stateful(jobs)
+            elif self.trim_context is not None:
                 cut = self._launch_tails(jobs, slot)
             else:
                 cut = self._launch_padded(jobs, slot)
@@ -511,6 +513,22 @@ class DecoderRunner:
         self._launch_padded_codes(codes, lengths, slot)
         fs = self.config.frame_samples
         return lambda rows: split_samples(rows[:, : codes.shape[2] * fs], jobs, fs)
+
+    def _launch_stateful(
+        self, jobs: Sequence[DecodeJob]
+    ) -> Callable[[np.ndarray], list[np.ndarray]]:
+        """Decode stateful jobs at once (eager, on the current stream; the CPU path) and
+        return their audio whatever the slot holds.
+
+        Raises:
+            ValueError: on CUDA (stateful calls have no captured path yet), or jobs mixing
+                stateful and stateless ones.
+        """
+        if self.stream is not None:
+            raise ValueError("stateful decoding runs on the CPU only for now")
+        with self.busy.measure():
+            audio = decode_stateful(self.decoder, jobs)
+        return lambda _rows: audio
 
     def _launch_tails(
         self, jobs: Sequence[DecodeJob], slot: _Slot

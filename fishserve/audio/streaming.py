@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from fishserve.models.firefly import FireflyConfig, FireflyGenerator
+from fishserve.models.firefly.streaming import StreamState
 
 from .batching import DecodeJob, decode_batch
 
@@ -137,10 +138,17 @@ class StreamingDecoder:
     ``decoder.config.sample_rate`` Hz.
     """
 
-    def __init__(self, decoder: FireflyGenerator, policy: ChunkPolicy | None = None) -> None:
+    def __init__(
+        self, decoder: FireflyGenerator, policy: ChunkPolicy | None = None, stateful: bool = False
+    ) -> None:
+        """`stateful`: decode each chunk continuing the stream's decoder state
+        (`fishserve.models.firefly.streaming`) instead of with left-context frames: no frame is
+        decoded twice; the stream's jobs must then be decoded in order, one at a time."""
         self.decoder = decoder
         self.policy = policy or ChunkPolicy()
-        self.context_frames = self.policy.context_frames(decoder.config)
+        # stateful: jobs carry the stream's decoder state instead of context frames
+        self.state = StreamState() if stateful else None
+        self.context_frames = 0 if stateful else self.policy.context_frames(decoder.config)
         self._groups = decoder.config.n_groups
         self._history = np.zeros((self._groups, 0), dtype=np.int64)  # last emitted frames
         self._pending: list[np.ndarray] = []  # (G, n_i) frames not yet handed out
@@ -208,7 +216,8 @@ class StreamingDecoder:
             if new.shape[1] == size:
                 self._next_size = self.policy.next_chunk_frames(size)
             self.frames_emitted += new.shape[1]
-            return DecodeJob(codes, context_frames=codes.shape[1] - new.shape[1])
+            context = codes.shape[1] - new.shape[1]
+            return DecodeJob(codes, context_frames=context, state=self.state)
 
     def ready_chunks(self) -> list[np.ndarray]:
         """Decode every ready chunk, one decode call per chunk (memory stays per-chunk).

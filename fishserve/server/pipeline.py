@@ -93,7 +93,7 @@ async def synthesize(
     arrival = time.monotonic() if arrival is None else arrival
     deadline = arrival + timeout
     stream = runtime.engine.submit(request, asyncio.get_running_loop())
-    decoder = StreamingDecoder(runtime.decoder, runtime.chunk_policy)
+    decoder = StreamingDecoder(runtime.decoder, runtime.chunk_policy, runtime.stateful_decoder)
     first_by = (
         None if runtime.first_chunk_deadline is None else arrival + runtime.first_chunk_deadline
     )

@@ -156,6 +156,9 @@ class Runtime:
     first_chunk_deadline: float | None = None  # seconds after arrival (ServerConfig)
     early_chunk_margin: float = EARLY_CHUNK_S  # seconds (ServerConfig)
     gil_probe: GilProbe | None = None  # ServerConfig.gil_probe
+    # streams decoded continuing each layer's state instead of re-decoding left context
+    # (fishserve.models.firefly.streaming): on the CPU, where calls run eagerly
+    stateful_decoder: bool = False
     restartable = False  # the engine shares this process: a dead engine thread stays dead
 
     def needs_restart(self) -> bool:
@@ -456,6 +459,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
         chunk_policy=policy,
         first_chunk_deadline=config.first_chunk_deadline,
         early_chunk_margin=config.early_chunk_margin,
+        stateful_decoder=device.type == "cpu",
         device=device,
         weight_dtype=weight_dtype,
     )

@@ -99,3 +99,16 @@ def test_decode_job_rejects_negative_codes() -> None:
     codes[2, 3] = -1
     with pytest.raises(ValueError, match=">= 0"):
         DecodeJob(codes, 0)
+
+
+def test_stateful_jobs_are_checked() -> None:
+    from fishserve.audio.batching import decode_stateful
+    from fishserve.models.firefly.streaming import StreamState
+
+    codes = np.zeros((4, 3), dtype=np.int64)
+    with pytest.raises(ValueError, match="no context frames"):
+        DecodeJob(codes, context_frames=1, state=StreamState())
+    state = StreamState()
+    twice = [DecodeJob(codes, 0, state=state), DecodeJob(codes, 0, state=state)]
+    with pytest.raises(ValueError, match="one stateful job per stream"):
+        decode_stateful(None, twice)  # type: ignore[arg-type]

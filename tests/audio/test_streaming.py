@@ -41,9 +41,11 @@ def snr_db(reference: np.ndarray, test: np.ndarray) -> float:
     return float("inf") if noise == 0 else float(10 * np.log10(signal / noise))
 
 
-def stream_all(decoder, codes: np.ndarray, policy: ChunkPolicy) -> list[np.ndarray]:
+def stream_all(
+    decoder, codes: np.ndarray, policy: ChunkPolicy, stateful: bool = False
+) -> list[np.ndarray]:
     """Push ``codes`` one frame at a time, collecting chunks as they become ready, then flush."""
-    stream = StreamingDecoder(decoder, policy)
+    stream = StreamingDecoder(decoder, policy, stateful)
     chunks: list[np.ndarray] = []
     for t in range(codes.shape[1]):
         stream.push(codes[:, t])
@@ -81,10 +83,13 @@ def test_decode_is_causal_and_receptive_field_is_tight(tiny_decoder: FireflyGene
     ],
     ids=lambda p: f"first{p.first_chunk_frames}-max{p.chunk_frames}-growth{p.growth:g}",
 )
-def test_stream_equals_one_shot(tiny_decoder: FireflyGenerator, policy: ChunkPolicy) -> None:
+@pytest.mark.parametrize("stateful", [False, True], ids=["context", "stateful"])
+def test_stream_equals_one_shot(
+    tiny_decoder: FireflyGenerator, policy: ChunkPolicy, stateful: bool
+) -> None:
     codes = random_codes(tiny_decoder.config.n_groups, FRAMES, seed=0)
     reference = one_shot(tiny_decoder, codes)
-    chunks = stream_all(tiny_decoder, codes, policy)
+    chunks = stream_all(tiny_decoder, codes, policy, stateful)
     streamed = np.concatenate(chunks)
     assert streamed.dtype == np.float32 and streamed.shape == reference.shape
     assert np.abs(streamed - reference).max() <= MAX_ABS_TOL
@@ -247,3 +252,14 @@ def decode_one(decoder, job) -> list[np.ndarray]:
     from fishserve.audio.batching import decode_batch
 
     return decode_batch(decoder, [job])
+
+
+def test_a_stateful_stream_decodes_no_frame_twice(tiny_decoder: FireflyGenerator) -> None:
+    stream = StreamingDecoder(tiny_decoder, ChunkPolicy(first_chunk_frames=4), stateful=True)
+    stream.push(random_codes(tiny_decoder.config.n_groups, 30, seed=3))
+    stream.close()
+    jobs = []
+    while (job := stream.next_job()) is not None:
+        jobs.append(job)
+    assert all(job.context_frames == 0 and job.state is stream.state for job in jobs)
+    assert sum(job.total_frames for job in jobs) == 30

@@ -188,6 +188,14 @@ def test_async_scheduling_reaches_the_engine_with_its_overlapped_path(tmp_path):
         runtime.shutdown()
 
 
+def test_the_cpu_runtime_decodes_streams_statefully(tmp_path):
+    runtime = runtime_module.build_runtime(tiny_server_config(tmp_path))
+    try:
+        assert runtime.stateful_decoder  # eager CPU calls: no frame decoded twice
+    finally:
+        runtime.shutdown()
+
+
 @pytest.mark.parametrize("on", [True, False])
 def test_compile_fast_transformer_reaches_the_engine(tmp_path, on):
     config = tiny_server_config(tmp_path, compile_fast_transformer=on)
