@@ -23,7 +23,7 @@ from fishserve.engine.long_text import generate_long, plan_long_text
 from fishserve.engine.reference import generate
 from fishserve.engine.sampling import MIN_TEMPERATURE, SamplingParams
 from fishserve.errors import GenerationError
-from fishserve.models.config import DECODER_FILENAME, check_checkpoint_folder, check_decoder_in
+from fishserve.models.config import DECODER_FILENAME, check_weight_files
 from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.firefly import FireflyGenerator, load_firefly
 from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
@@ -190,13 +190,8 @@ def check_model_files(opts: SynthesisOptions) -> None:
     Raises:
         FileNotFoundError: a missing folder or file, or no decoder weights with real weights.
     """
-    if opts.checkpoint is not None:
-        check_checkpoint_folder(opts.checkpoint)
-    if opts.decoder_checkpoint is not None and not opts.decoder_checkpoint.is_file():
-        raise FileNotFoundError(f"--decoder-checkpoint file not found: {opts.decoder_checkpoint}")
-    dummy = opts.checkpoint is None or opts.load_format == "dummy"
-    if not dummy and opts.decoder_checkpoint is None:
-        check_decoder_in(opts.checkpoint)
+    real_weights = opts.load_format != "dummy"
+    check_weight_files(opts.checkpoint, opts.decoder_checkpoint, real_weights)
 
 
 def sampling_params(opts: SynthesisOptions) -> SamplingParams:

@@ -146,7 +146,6 @@ class StreamingDecoder:
         decoded twice; the stream's jobs must then be decoded in order, one at a time."""
         self.decoder = decoder
         self.policy = policy or ChunkPolicy()
-        # stateful: jobs carry the stream's decoder state instead of context frames
         self.state = StreamState() if stateful else None
         self.context_frames = 0 if stateful else self.policy.context_frames(decoder.config)
         self._groups = decoder.config.n_groups

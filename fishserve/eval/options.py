@@ -8,7 +8,7 @@ from fishserve.engine.sampling import SamplingParams
 from fishserve.eval.configs import parse_config, parse_configs
 from fishserve.eval.run import EvalOptions
 from fishserve.eval.variants import ModelSource
-from fishserve.models.config import check_checkpoint_folder, check_decoder_in
+from fishserve.models.config import check_weight_files
 
 
 def eval_options(
@@ -37,7 +37,7 @@ def eval_options(
     if checkpoint is None and load_format != "dummy":
         raise ValueError("give --checkpoint DIR, or --load-format dummy for random weights")
     if load_format != "dummy":
-        _check_files(checkpoint, decoder_checkpoint)  # type: ignore[arg-type]
+        check_weight_files(checkpoint, decoder_checkpoint, real_weights=True)
     source = ModelSource(
         checkpoint, load_format, decoder_checkpoint, decoder_config, block_size, kv_positions
     )
@@ -48,16 +48,3 @@ def eval_options(
         params=SamplingParams(temperature, top_p, repetition_penalty),
         **rest,  # type: ignore[arg-type]
     )
-
-
-def _check_files(checkpoint: Path, decoder_checkpoint: Path | None) -> None:
-    """The checkpoint folder and the decoder weights exist (as `serve` and `synth` check).
-
-    Raises:
-        FileNotFoundError: one of them is missing (the message says which and what to pass).
-    """
-    check_checkpoint_folder(checkpoint)
-    if decoder_checkpoint is None:
-        check_decoder_in(checkpoint)
-    elif not decoder_checkpoint.is_file():
-        raise FileNotFoundError(f"decoder checkpoint not found: {decoder_checkpoint}")

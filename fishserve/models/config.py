@@ -152,6 +152,24 @@ def check_checkpoint_folder(folder: Path) -> None:
         raise FileNotFoundError(f"checkpoint folder not found: {folder}")
 
 
+def check_weight_files(
+    checkpoint: Path | None, decoder_checkpoint: Path | None, real_weights: bool
+) -> None:
+    """The checkpoint folder (if given) and decoder weights exist, before anything loads
+    (`synth`, `eval`): the decoder weights are `decoder_checkpoint` if given, else, with
+    `real_weights`, `DECODER_FILENAME` in the checkpoint folder.
+
+    Raises:
+        FileNotFoundError: a missing folder or file (the message says what to pass).
+    """
+    if checkpoint is not None:
+        check_checkpoint_folder(checkpoint)
+    if decoder_checkpoint is not None and not decoder_checkpoint.is_file():
+        raise FileNotFoundError(f"decoder checkpoint not found: {decoder_checkpoint}")
+    if real_weights and decoder_checkpoint is None and checkpoint is not None:
+        check_decoder_in(checkpoint)
+
+
 def check_decoder_in(folder: Path) -> None:
     """Raise unless the release's decoder weights (`DECODER_FILENAME`) are in `folder`.
 

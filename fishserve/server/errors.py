@@ -120,7 +120,7 @@ HANDLED: tuple[type[Exception], ...] = (
 )
 
 
-def _utf8_safe(text: str) -> str:
+def utf8_safe(text: str) -> str:
     """`text` with what UTF-8 cannot encode (lone surrogates) as backslash escapes."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
@@ -130,8 +130,8 @@ def error_response(
 ) -> JSONResponse:
     """The JSON error body with `status`. Text that cannot be UTF-8 (a lone surrogate from a
     JSON ``\\ud800`` escape, echoed from a field name) is written as a backslash escape."""
-    message = _utf8_safe(message)
-    param = None if param is None else _utf8_safe(param)
+    message = utf8_safe(message)
+    param = None if param is None else utf8_safe(param)
     kind = "invalid_request_error" if status < 500 else "server_error"
     body = {
         "statusCode": status,

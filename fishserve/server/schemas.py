@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fishserve.server.errors import MAX_LISTED_ERRORS, ApiError
+from fishserve.server.errors import MAX_LISTED_ERRORS, ApiError, utf8_safe
 
 # Spec §7.2 / §5: API ranges of the reference (temperature's lower bound relaxed to 0 = greedy).
 TTS_FORMATS = ("wav", "pcm", "mp3", "opus", "flac")
@@ -122,8 +122,8 @@ def refuse_bad_field_names(model: type[BaseModel], data: Any, where: str = "") -
     if not isinstance(data, dict):
         return
     for key in data:
-        if isinstance(key, str) and not _is_unicode(key):
-            escaped = key.encode("utf-8", "backslashreplace").decode("utf-8")[:80]
+        if isinstance(key, str) and (escaped := utf8_safe(key)) != key:
+            escaped = escaped[:80]
             message = f'field name "{escaped}" in {where or "body"} is not valid Unicode'
             raise ApiError(422, message, f"{where}.{escaped}" if where else escaped)
     if model.model_config.get("extra") == "forbid":
@@ -137,15 +137,6 @@ def refuse_bad_field_names(model: type[BaseModel], data: Any, where: str = "") -
         if item_model is not None and isinstance(items, list):
             for i, item in enumerate(items[:MAX_LISTED_ERRORS]):
                 refuse_bad_field_names(item_model, item, f"{where}{name}.{i}")
-
-
-def _is_unicode(text: str) -> bool:
-    """Whether `text` has no lone surrogate (it can be encoded as UTF-8)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _list_item_model(annotation: Any) -> type[BaseModel] | None:
