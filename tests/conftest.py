@@ -183,6 +183,19 @@ def one_shot(decoder, codes):
     return wave[0, 0].numpy()
 
 
+def assert_same_pcm(a: bytes, b: bytes, lsb: int = 1) -> None:
+    """Two 16-bit PCM bodies of one request agree: same length, samples within ``lsb``.
+
+    The streaming decoder's chunk boundaries follow the engine's timing, and a chunk decoded
+    from its layers' state rounds differently from a longer call by ~1e-7 (README, Correctness:
+    audio within 1 LSB of 16-bit PCM), so two runs of the same codes may differ by one step.
+    """
+    x, y = np.frombuffer(a, dtype="<i2"), np.frombuffer(b, dtype="<i2")
+    assert len(x) == len(y), (len(x), len(y))
+    worst = int(np.abs(x.astype(np.int32) - y.astype(np.int32)).max(initial=0))
+    assert worst <= lsb, f"samples differ by up to {worst} LSB"
+
+
 class RecordingDecoder:
     """Wraps a decoder and records the codes shape ``(B, G, L)`` of every ``decode`` call."""
 
