@@ -112,33 +112,56 @@ class ServingRuntime(Protocol):
     info: RuntimeInfo
 
     @property
-    def sample_rate(self) -> int: ...
+    def sample_rate(self) -> int:
+        """Output sample rate in Hz."""
+        ...
 
     @property
-    def max_seq_len(self) -> int: ...
+    def max_seq_len(self) -> int:
+        """Positions of the model's context (prompt + generated frames of one segment)."""
+        ...
 
     restartable: bool  # the engine runs in its own process, which can be replaced
 
-    def status(self) -> RuntimeStatus: ...
+    def status(self) -> RuntimeStatus:
+        """Counters and device memory now."""
+        ...
 
-    def needs_restart(self) -> bool: ...
+    def needs_restart(self) -> bool:
+        """True when the engine process is gone or its engine thread stopped (replace it)."""
+        ...
 
-    def memory_critical(self) -> bool: ...
+    def memory_critical(self) -> bool:
+        """True when the device is nearly out of memory (never on CPU)."""
+        ...
 
-    def decoder_lag(self) -> float: ...
+    def decoder_lag(self) -> float:
+        """Seconds the audio decoder is behind its streams' deadlines (0 when on time)."""
+        ...
 
     def synthesize(
         self, request: GenerationRequest, timeout: float, arrival: float | None = None
-    ) -> AsyncIterator[AudioChunk]: ...
+    ) -> AsyncIterator[AudioChunk]:
+        """The request's audio chunks; `timeout` in seconds from `arrival` (``time.monotonic``
+        seconds, None: now)."""
+        ...
 
-    async def encode_reference(self, audio: bytes) -> torch.Tensor: ...
+    async def encode_reference(self, audio: bytes) -> torch.Tensor:
+        """``(G, L)`` int64 CPU codes of reference audio.
+
+        Raises:
+            ReferenceAudioError: undecodable, empty, silent or too long audio.
+        """
+        ...
 
     def pending(self) -> int:
         """Requests waiting for admission now, as the engine's queue bound counts them (an
         upper estimate where the engine is in another process)."""
         ...
 
-    def shutdown(self) -> None: ...
+    def shutdown(self) -> None:
+        """Stop the engine and decoder (and the engine process, if any)."""
+        ...
 
 
 @dataclass
