@@ -343,8 +343,12 @@ def test_random_weights_warning_is_two_unwrapped_lines(tmp_path):
 def test_version_and_log_level_flags():
     result = invoke("--version")
     assert result.exit_code == 0 and result.output.strip() == f"fishserve {__version__}"
-    help_text = invoke("--help").output
-    assert "--quiet" in help_text and "[default: info logging]" in help_text
+    help_lines = invoke("--help").output.splitlines()
+    verbose = [line for line in help_lines if "--verbose" in line]
+    assert len(verbose) == 1 and "--quiet" not in verbose[0]  # one row each, not merged
+    assert any("--quiet" in line and "-q" in line for line in help_lines)
+    both = invoke("-v", "-q", "decode")
+    assert both.exit_code == 2 and "not both" in both.output
 
 
 def test_max_new_tokens_zero_means_until_the_context_is_full():

@@ -143,14 +143,14 @@ TopPOpt = Annotated[float, typer.Option(callback=_top_p, help="Nucleus sampling 
 @app.callback()
 def _setup(
     verbose: Annotated[
-        bool | None,
+        bool, typer.Option("--verbose", "-v", show_default=False, help="Debug logging.")
+    ] = False,
+    quiet: Annotated[
+        bool,
         typer.Option(
-            "--verbose/--quiet",
-            "-v/-q",
-            show_default=False,
-            help="Debug logging, or warnings and errors only. \\[default: info logging]",
+            "--quiet", "-q", show_default=False, help="Warnings and errors only; no progress bars."
         ),
-    ] = None,
+    ] = False,
     version: Annotated[
         bool,
         typer.Option(
@@ -163,11 +163,11 @@ def _setup(
     ] = False,
 ) -> None:
     """Options before the command: log level and version."""
-    progress.HIDDEN = verbose is False  # -q: no progress bars either
-    levels = {True: logging.DEBUG, False: logging.WARNING, None: logging.INFO}
-    logging.basicConfig(
-        level=levels[verbose], format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    if verbose and quiet:
+        raise typer.BadParameter("give --verbose or --quiet, not both")
+    progress.HIDDEN = quiet
+    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def main() -> None:

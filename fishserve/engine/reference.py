@@ -33,7 +33,8 @@ def frame_budget(prompt_len: int, max_new_tokens: int, max_seq_len: int) -> int:
     if room <= 0:
         raise PromptTooLongError(
             f"prompt of {prompt_len} positions leaves no room in the {max_seq_len}-position "
-            "context: use a shorter text or voice reference (audio and transcript)"
+            "context: shorten the text (or the voice reference's audio and transcript, if "
+            "the request has one)"
         )
     return room if max_new_tokens <= 0 else min(max_new_tokens, room)
 

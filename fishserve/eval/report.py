@@ -99,8 +99,9 @@ def markdown_report(meta: dict[str, Any], results: list[ConfigResult]) -> str:
     lines = [
         f"# fishserve eval on {name if name == device else f'{name} ({device})'}",
         "",
-        f"Reference {meta['reference']}; seed {meta['seed']}; frames {meta['frames']}; "
-        f"weights: {meta['checkpoint'] or 'random (dummy)'}.",
+        f"Reference {meta['reference']}; seed {meta['seed']}; frames {meta['frames']} after "
+        f"prompts of {meta['prompt_positions']} positions (a small model's context caps the "
+        f"frames); weights: {meta['checkpoint'] or 'random (dummy)'}.",
         "",
     ]
     if meta["random_weights"]:

@@ -59,6 +59,8 @@ def test_eval_writes_the_table_json_and_plot(run):
         assert f"| {name} |" in table
     data = json.loads((out / "eval.json").read_text())
     assert data["meta"]["frames"] == {"short": 9, "long": 26}
+    positions = data["meta"]["prompt_positions"]
+    assert f"frames {data['meta']['frames']} after prompts of {positions} positions" in table
     assert [r["config"] for r in data["results"]] == list(results)
     assert (out / "eval.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -232,8 +232,10 @@ def test_strict_loading_rejects_missing_and_unexpected(
     torch.save(extra, tmp_path / "extra.pth")
     with pytest.raises(ValueError, match=r"head\.bogus\.weight"):
         load_firefly(tmp_path / "extra.pth", tiny_config)
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ValueError, match="shape") as wrong_config:
         load_firefly(TINY / "generator.pth", FireflyConfig.released())
+    assert "is the config the one this checkpoint was trained with?" in str(wrong_config.value)
+    assert len(str(wrong_config.value)) < 1500  # a few examples, not every key
 
 
 def test_missing_files_raise_file_not_found(tmp_path: Path) -> None:

@@ -154,9 +154,13 @@ def _check_keys(
         if k in got and got[k].shape != v.shape
     ]
     if bad:
-        problems.append(f"{len(bad)} shape mismatch(es), e.g. {bad[:_SHOW]}")
+        problems.append(f"{len(bad)} shape mismatch(es), e.g. {bad[:2]}")
     if problems:
-        raise ValueError("Firefly checkpoint does not match the config: " + "; ".join(problems))
+        raise ValueError(
+            "Firefly checkpoint does not match the config (is the config the one this "
+            "checkpoint was trained with? without one the released config is used): "
+            + "; ".join(problems)
+        )
 
 
 def _resolve_config(config: FireflyConfig | str | Path | None) -> FireflyConfig:
