@@ -41,6 +41,9 @@ RANDOM_WEIGHTS_WARNING = (
     "For speech: --checkpoint checkpoints/fish-speech-1.5 (README: Real weights)."
 )
 CODES_SUFFIXES = (".npy",)
+# Codes a file may hold: the semantic codebook of Fish Speech 1.5 (`DualARConfig.codebook_size`,
+# 1024); the decoder reads ids of 1000 and up modulo its 1000 FSQ codes, as the reference does.
+MAX_CODE = 1024
 
 
 @dataclass
@@ -100,10 +103,10 @@ def load_decoder(
 
 
 def read_codes(path: Path, num_codebooks: int | None = None) -> torch.Tensor:
-    """Read an int codes array (nc, T) from .npy.
+    """Read an int codes array (nc, T) from .npy, each code in ``[0, MAX_CODE)``.
 
     Raises:
-        FileNotFoundError, ValueError: missing file, wrong dtype/shape, negative codes.
+        FileNotFoundError, ValueError: missing file, wrong dtype/shape, codes out of range.
     """
     if not path.is_file():
         raise FileNotFoundError(f"codes file not found: {path}")
@@ -118,8 +121,9 @@ def read_codes(path: Path, num_codebooks: int | None = None) -> torch.Tensor:
         )
     if num_codebooks is not None and codes.shape[0] < num_codebooks:
         raise ValueError(f"{path}: {codes.shape[0]} codebooks, the model needs {num_codebooks}")
-    if codes.min() < 0:
-        raise ValueError(f"{path}: codes must be >= 0")
+    low, high = int(codes.min()), int(codes.max())  # Python ints: uint64 does not wrap
+    if low < 0 or high >= MAX_CODE:
+        raise ValueError(f"{path}: codes must lie in [0, {MAX_CODE}), got {low}..{high}")
     return torch.from_numpy(codes.astype(np.int64))
 
 

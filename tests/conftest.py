@@ -124,14 +124,14 @@ class LiveServer:
         self.port = sock.getsockname()[1]
         sock.close()
         self.app = create_app(config)
-        from fishserve.server.http_protocol import HeaderTimeoutH11Protocol
+        from fishserve.server.http_protocol import uvicorn_options
 
         config = uvicorn.Config(
             self.app,
             host="127.0.0.1",
             port=self.port,
             log_level="warning",
-            http=HeaderTimeoutH11Protocol,  # as `fishserve serve` runs it
+            **uvicorn_options(config.max_connections),  # as `fishserve serve` runs it
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

@@ -129,10 +129,17 @@ def test_bad_input_gives_one_clear_line(tmp_path, monkeypatch, args, message):
     assert "error:" in result.output and message in result.output
 
 
-def test_decode_rejects_wrong_shape_and_float_codes(tmp_path):
+def test_decode_rejects_wrong_shape_float_and_out_of_range_codes(tmp_path):
     np.save(tmp_path / "bad.npy", np.zeros((3, 5), dtype=np.int64))
     np.save(tmp_path / "float.npy", np.zeros((4, 5), dtype=np.float32))
-    for name, message in (("bad.npy", "codebooks"), ("float.npy", "integer")):
+    np.save(tmp_path / "big.npy", np.full((4, 5), 5000, dtype=np.int64))
+    np.save(tmp_path / "wraps.npy", np.full((4, 5), 2**63 + 5, dtype=np.uint64))
+    for name, message in (
+        ("bad.npy", "codebooks"),
+        ("float.npy", "integer"),
+        ("big.npy", "codes must lie in [0, 1024), got 5000..5000"),
+        ("wraps.npy", f"got {2**63 + 5}..{2**63 + 5}"),
+    ):
         result = invoke(
             "decode", *DECODER, "--codes", str(tmp_path / name), "--output", str(tmp_path / "x.wav")
         )
@@ -279,6 +286,13 @@ def test_top_p_is_an_open_interval_at_zero():
     result = invoke(*SYNTH, "--output", "x.wav", "--top-p", "0")
     assert result.exit_code == 2 and "(0, 1]" in result.output
     assert "0.0<=x<=1.0" not in invoke("synth", "--help").output
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**32)])
+def test_seeds_outside_the_api_range_are_refused(seed):
+    """The API takes seeds in [0, 2^32); synth took any and wrapped them modulo 2^32."""
+    result = invoke(*SYNTH, "--output", "x.wav", f"--seed={seed}")
+    assert result.exit_code == 2 and "--seed" in result.output
 
 
 def test_encode_and_decode_require_their_decoder_weights():

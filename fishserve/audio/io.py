@@ -34,6 +34,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _NPY_MAGIC = b"\x93NUMPY"
+# Limits on what a file may ask us to decode: a few KiB of constant FLAC can declare 8 channels
+# at 655 kHz, i.e. over a GiB of float32 within a 30 s limit. 384 kHz is the highest rate of
+# common studio formats (DXD); 8 channels is 7.1 surround.
+MAX_SAMPLE_RATE = 384_000
+MAX_CHANNELS = 8
 # Output file extension -> encoder format; `.npy` is the raw float32 waveform.
 AUDIO_OUTPUT_SUFFIXES: dict[str, AudioFormat | None] = {
     ".wav": AudioFormat.WAV,
@@ -68,7 +73,9 @@ def load_audio(
         target_sr: output sample rate in Hz.
         max_seconds: if given, reject audio longer than this many seconds (measured at the
             file's own rate). Decoding stops as soon as the limit is passed, so a small file that
-            decodes to hours of audio costs no more than ``max_seconds`` of samples.
+            decodes to hours of audio costs no more than ``max_seconds`` of samples; channels
+            are averaged as each frame is decoded, so memory is that of mono audio at a rate
+            of at most `MAX_SAMPLE_RATE`.
 
     Returns:
         ``(N,)`` float32 array, channels averaged, nominally in [-1, 1].
@@ -77,7 +84,8 @@ def load_audio(
         FileNotFoundError: ``source`` is a path that does not exist.
         EmptyAudioError: empty input or no samples (an :class:`AudioDecodeError`).
         AudioTooLongError: longer than ``max_seconds`` (an :class:`AudioDecodeError`).
-        AudioDecodeError: undecodable data, no audio stream or non-finite samples.
+        AudioDecodeError: undecodable data, no audio stream, non-finite samples, a sample rate
+            above `MAX_SAMPLE_RATE` or more than `MAX_CHANNELS` channels.
         ValueError: ``target_sr`` or ``max_seconds`` is not positive.
     """
     if target_sr <= 0:
@@ -89,8 +97,7 @@ def load_audio(
         audio = _load_npy(data, label)
         _check_duration(audio.shape[-1], target_sr, max_seconds, label)
     else:
-        channels, sample_rate = _decode_av(data, label, max_seconds)
-        audio = channels.mean(axis=0, dtype=np.float32)
+        audio, sample_rate = _decode_av(data, label, max_seconds)
         if sample_rate != target_sr:
             audio = soxr.resample(audio, sample_rate, target_sr, quality="HQ")
     if audio.size == 0:
@@ -227,7 +234,8 @@ def _check_duration(
 
 
 def _decode_av(data: bytes, label: str, max_seconds: float | None = None) -> tuple[np.ndarray, int]:
-    """Decode the first audio stream to ``(channels, samples)`` float32 and its rate in Hz.
+    """Decode the first audio stream to ``(samples,)`` float32, channels averaged, and its rate
+    in Hz.
 
     Stops with :class:`AudioTooLongError` once more than ``max_seconds`` have been decoded.
     A packet that fails to decode after some audio has been decoded (junk appended to a valid
@@ -247,35 +255,57 @@ def _decode_av(data: bytes, label: str, max_seconds: float | None = None) -> tup
         raise AudioDecodeError(f"{label}: not a readable audio file ({why})") from exc
     if not chunks or rate <= 0:
         raise EmptyAudioError(f"{label}: contains no audio samples")
-    if len({c.shape[0] for c in chunks}) != 1:
-        raise AudioDecodeError(f"{label}: channel count changes inside the stream")
-    return np.concatenate(chunks, axis=1).astype(np.float32, copy=False), rate
+    return np.concatenate(chunks).astype(np.float32, copy=False), rate
 
 
 def _decode_frames(
     container: av.container.InputContainer, label: str, max_seconds: float | None
 ) -> tuple[list[np.ndarray], int]:
-    """``(channels, n)`` float arrays of the first audio stream and its rate; see `_decode_av`."""
+    """Mono ``(n,)`` float32 pieces of the first audio stream and its rate; see `_decode_av`."""
     stream = container.streams.audio[0]
+    _check_format(stream.codec_context.sample_rate, stream.codec_context.channels, label)
     # Packed float32, layout and rate kept: one plane whatever the channel count (PyAV 18's
     # `to_ndarray` of a planar frame of 8 or more channels crashes the process).
     resampler = av.AudioResampler(format="flt")
     chunks: list[np.ndarray] = []
     rate = decoded = 0
+    channels: set[int] = set()
     try:
         for frame in container.decode(stream):
             rate = rate or frame.sample_rate
+            _check_format(frame.sample_rate, len(frame.layout.channels), label)
             decoded += frame.samples
             _check_duration(decoded, rate, max_seconds, label)
-            chunks.extend(_channels_first(f) for f in resampler.resample(frame))
+            chunks.extend(_mono(f, channels, label) for f in resampler.resample(frame))
     except (av.error.FFmpegError, OSError) as exc:
         if not chunks:
             raise
         log.warning("%s: audio ends at a packet that cannot be decoded (%s)", label, exc)
-    chunks.extend(_channels_first(f) for f in resampler.resample(None))
+    chunks.extend(_mono(f, channels, label) for f in resampler.resample(None))
     return chunks, rate
 
 
-def _channels_first(frame: av.AudioFrame) -> np.ndarray:
-    """A packed (interleaved) frame's samples as ``(channels, n)`` float32."""
-    return frame.to_ndarray().reshape(-1, len(frame.layout.channels)).T
+def _check_format(rate: int, channels: int, label: str) -> None:
+    """Refuse a stream of more than `MAX_SAMPLE_RATE` Hz or `MAX_CHANNELS` channels before its
+    samples are decoded (0: not known yet)."""
+    if rate > MAX_SAMPLE_RATE:
+        raise AudioDecodeError(
+            f"{label}: sample rate {rate} Hz is above the {MAX_SAMPLE_RATE} Hz this server reads"
+        )
+    if channels > MAX_CHANNELS:
+        raise AudioDecodeError(
+            f"{label}: {channels} channels; at most {MAX_CHANNELS} are read (use mono audio)"
+        )
+
+
+def _mono(frame: av.AudioFrame, channels: set[int], label: str) -> np.ndarray:
+    """A packed (interleaved) frame's samples averaged over its channels, ``(n,)`` float32.
+
+    Raises:
+        AudioDecodeError: the channel count differs from an earlier frame's (in `channels`).
+    """
+    count = len(frame.layout.channels)
+    channels.add(count)
+    if len(channels) != 1:
+        raise AudioDecodeError(f"{label}: channel count changes inside the stream")
+    return frame.to_ndarray().reshape(-1, count).mean(axis=1, dtype=np.float32)

@@ -48,7 +48,10 @@ def synth(
         Path | None, typer.Option(help="Reference voice codes .npy (num_codebooks, T).")
     ] = None,
     reference_text: Annotated[str, typer.Option(help="Transcript of the reference.")] = "",
-    chunk_length: Annotated[int, typer.Option(help="Segment size in UTF-8 bytes.")] = 100,
+    chunk_length: Annotated[
+        int,
+        typer.Option(min=0, help="Segment size in UTF-8 bytes; 0 = the whole text as one segment."),
+    ] = 100,
     max_new_tokens: Annotated[
         int | None,
         typer.Option(
@@ -56,7 +59,14 @@ def synth(
             "context is full. Default 1024, or 64 with random weights."
         ),
     ] = None,
-    max_length: Annotated[int, typer.Option(help="History window budget (positions).")] = 2048,
+    max_length: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="History window of long texts (positions): earlier segments are kept while "
+            "they fit max_length - 1024 - the prompt prefix (the reference's rule).",
+        ),
+    ] = 2048,
     top_p: TopPOpt = 0.7,
     temperature: Annotated[
         float, typer.Option(min=0.0, help="Sampling temperature; 0 = greedy (as in the API).")
@@ -64,7 +74,9 @@ def synth(
     repetition_penalty: Annotated[
         float, typer.Option(help="Penalty on codes of the last 16 frames; 1.0 = none.")
     ] = 1.2,
-    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 42,
+    seed: Annotated[
+        int, typer.Option(min=0, max=2**32 - 1, help="Sampling seed, in [0, 2^32) as in the API.")
+    ] = 42,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     threads: ThreadsOpt = None,

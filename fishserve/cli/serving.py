@@ -264,6 +264,10 @@ def serve(
     request_timeout: Annotated[
         float | None, _setting("request_timeout", "Seconds a request may take, queued or running.")
     ] = None,
+    max_connections: Annotated[
+        int | None,
+        _setting("max_connections", "Open connections and running requests at most (503 beyond)."),
+    ] = None,
     shutdown_timeout: Annotated[
         float | None,
         _setting("shutdown_timeout", "Seconds a stopping server waits for open requests."),
@@ -288,8 +292,9 @@ def serve(
 
     from fishserve.server.app import check_port, create_app
     from fishserve.server.http_protocol import (
-        HeaderTimeoutH11Protocol,
         install_accept_error_filter,
+        raise_open_file_limit,
+        uvicorn_options,
     )
     from fishserve.server.runtime import build_runtime, check_settings
     from fishserve.synthesis import RANDOM_WEIGHTS_WARNING
@@ -306,6 +311,7 @@ def serve(
     app_ = create_app(settings, build_runtime, runtime)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()  # -v/-q
     install_accept_error_filter()
+    raise_open_file_limit(settings.max_connections)
     # log_config=None: uvicorn's lines go through our handler, with timestamps like ours
     uvicorn.run(
         app_,
@@ -314,5 +320,5 @@ def serve(
         log_level=level,
         log_config=None,
         timeout_graceful_shutdown=settings.shutdown_timeout,
-        http=HeaderTimeoutH11Protocol,  # slow or silent connections cannot pile up
+        **uvicorn_options(settings.max_connections),  # slow or silent connections are bounded
     )

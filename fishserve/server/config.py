@@ -94,7 +94,7 @@ class ServerConfig(BaseModel):
     first_chunk_frames: int = Field(10, ge=1)
     # Seconds after arrival by which the first chunk goes out with the frames generated so far
     # (at least half of first_chunk_frames), when the server is too slow to make all of them.
-    first_chunk_deadline: float | None = Field(None, gt=0)
+    first_chunk_deadline: float | None = Field(None, gt=0, allow_inf_nan=False)
     chunk_frames: int = Field(64, ge=1)
     # Each later chunk is this many times the previous one (up to chunk_frames): 2 gives
     # 10, 20, 40, 64 frames. Smaller grows the playing client's buffer sooner where streams
@@ -128,7 +128,7 @@ class ServerConfig(BaseModel):
     # Run the decoder on this many of the GPU's SMs (a CUDA green context), leaving the rest to
     # the engine's kernels while it is busy; None: the decoder may use every SM.
     decoder_sms: int | None = Field(None, ge=1)
-    max_reference_seconds: float = Field(30.0, gt=0)
+    max_reference_seconds: float = Field(30.0, gt=0, allow_inf_nan=False)
     # HTTP
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -138,12 +138,15 @@ class ServerConfig(BaseModel):
     max_waiting: int = Field(256, ge=1)
     max_text_length: int = Field(10_000, ge=1)
     max_body_bytes: int = Field(32 * 2**20, ge=1024)
-    request_timeout: float = Field(600.0, gt=0)
+    request_timeout: float = Field(600.0, gt=0, allow_inf_nan=False)
+    # Open connections or running requests at most (uvicorn's limit_concurrency): beyond it a
+    # request gets 503 with Retry-After (a flood of slow uploads exhausted the descriptors).
+    max_connections: int = Field(4096, ge=1)
     # Seconds a stopping server waits for open connections and running requests (then closes
     # them): without a bound a client stalling its upload kept the server up forever.
-    shutdown_timeout: float = Field(30.0, gt=0)
+    shutdown_timeout: float = Field(30.0, gt=0, allow_inf_nan=False)
     lazy_load: bool = False
-    idle_unload_seconds: float = Field(0.0, ge=0)
+    idle_unload_seconds: float = Field(0.0, ge=0, allow_inf_nan=False)
 
     @field_validator("engine_process", mode="before")
     @classmethod
@@ -249,16 +252,36 @@ class ServerConfig(BaseModel):
             raise ValueError(settings_error(exc, origins)) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (the last one silently
+    won: a setting changed at the top of a file was undone by an old line below)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        """The mapping of `node`; a repeated key is a `yaml.constructor.ConstructorError`."""
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"setting {key!r} is given twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> dict[Any, Any]:
     """The mapping in a YAML settings file.
 
     Raises:
-        FileNotFoundError: no such file. ValueError: not YAML, or not a mapping.
+        FileNotFoundError: no such file. ValueError: not UTF-8, not YAML, not a mapping, or a
+            setting given twice.
     """
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
     try:
-        loaded = yaml.safe_load(path.read_text()) or {}
+        loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text (byte {exc.start})") from None
     except yaml.YAMLError as exc:
         raise ValueError(f"{path} is not valid YAML: {exc}".splitlines()[0]) from None
     if not isinstance(loaded, dict):
@@ -313,13 +336,29 @@ def settings_error(exc: ValidationError, origins: Mapping[str, str]) -> str:
     return "\n".join(lines)
 
 
+def _check_references_dir(folder: Path) -> None:
+    """Create `folder` (the voice store) if missing and check it is a writable folder.
+
+    Raises:
+        ValueError: not a folder, cannot be created, or not writable.
+    """
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"references_dir is not a folder: {folder}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"references_dir {folder} cannot be created: {exc.strerror}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"references_dir {folder} is not writable")
+
+
 def check_model_files(config: ServerConfig) -> None:
     """The files and folders `config` names exist (no PyTorch needed: the CLI checks them
     before importing it, so a wrong path fails in a second).
 
     Raises:
         FileNotFoundError: a checkpoint folder, decoder weights or decoder config is missing.
-        ValueError: `references_dir` exists but is not a folder.
+        ValueError: `references_dir` is not a folder, cannot be created or is not writable.
     """
     if config.checkpoint is not None:
         check_checkpoint_folder(config.checkpoint)
@@ -327,8 +366,7 @@ def check_model_files(config: ServerConfig) -> None:
         path = getattr(config, name)
         if path is not None and not path.is_file():
             raise FileNotFoundError(f"{name} file not found: {path}")
-    if config.references_dir.exists() and not config.references_dir.is_dir():
-        raise ValueError(f"references_dir is not a folder: {config.references_dir}")
+    _check_references_dir(config.references_dir)
     needs_file = config.decoder_checkpoint is None and not config.random_weights
     if needs_file and config.checkpoint is not None:
         check_decoder_in(config.checkpoint)

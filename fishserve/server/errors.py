@@ -216,7 +216,11 @@ def validation_message(exc: ValidationError | RequestValidationError) -> tuple[s
     for err in errors[:MAX_LISTED_ERRORS]:
         loc = ".".join(str(x) for x in err["loc"] if x != "body")[:100]
         first = first or loc or None
-        message = "expected a JSON object" if err["type"] in _NOT_AN_OBJECT else err["msg"]
+        message = (
+            "expected an object (a JSON object or msgpack map)"
+            if err["type"] in _NOT_AN_OBJECT
+            else err["msg"]
+        )
         parts.append(f"{loc or 'body'}: {message}")
     if len(errors) > MAX_LISTED_ERRORS:
         parts.append(f"and {len(errors) - MAX_LISTED_ERRORS} more")

@@ -9,6 +9,11 @@ complete `HEADER_TIMEOUT_S` seconds after it opened or after its last response (
 app's request timeout. The server always speaks HTTP/1.1 through h11 (a dependency of
 uvicorn) with this protocol: httptools, if installed, is not used.
 
+Connections and running requests are capped (setting `max_connections`, uvicorn's
+`limit_concurrency`): beyond it a new request gets a JSON 503 with Retry-After and the
+connection is closed (`too_many_connections`), and `raise_open_file_limit` lifts the process's
+soft descriptor limit above the cap, so that the cap, not the descriptors, runs out first.
+
 When descriptors run out anyway, asyncio logs "socket.accept() out of system resource" with
 a traceback at every retry (about 2,000 a minute); `AcceptErrorFilter` lets one through per
 `ACCEPT_LOG_INTERVAL_S` and counts the rest.
@@ -18,10 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import time
+from typing import Any
 
 import h11
+import uvicorn.protocols.http.h11_impl as h11_impl
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from fishserve.server.errors import CLOSE, RETRY_AFTER_SECONDS, error_response
 
 __all__ = [
     "ACCEPT_LOG_INTERVAL_S",
@@ -29,6 +39,9 @@ __all__ = [
     "AcceptErrorFilter",
     "HeaderTimeoutH11Protocol",
     "install_accept_error_filter",
+    "raise_open_file_limit",
+    "too_many_connections",
+    "uvicorn_options",
 ]
 
 # Seconds a connection may take to send a request's headers (from its opening or its last
@@ -36,6 +49,10 @@ __all__ = [
 HEADER_TIMEOUT_S = 15.0
 # Seconds between two logged "out of system resource" accept errors.
 ACCEPT_LOG_INTERVAL_S = 60.0
+# Descriptors beyond `max_connections` for everything else (model files, pipes, the engine
+# process's queues, log files).
+SPARE_DESCRIPTORS = 256
+log = logging.getLogger(__name__)
 
 
 class HeaderTimeoutH11Protocol(H11Protocol):
@@ -122,3 +139,43 @@ def install_accept_error_filter() -> AcceptErrorFilter:
     added = AcceptErrorFilter()
     logger.addFilter(added)
     return added
+
+
+async def too_many_connections(scope: Any, receive: Any, send: Any) -> None:
+    """ASGI app answering a request beyond `max_connections`: 503, JSON, Retry-After, and the
+    connection closed (uvicorn's own answer is a plain-text 503 without Retry-After)."""
+    message = "too many open connections (setting max_connections): retry later"
+    headers = {"Retry-After": RETRY_AFTER_SECONDS, **CLOSE}
+    await error_response(503, message, headers=headers)(scope, receive, send)
+
+
+def uvicorn_options(max_connections: int) -> dict[str, Any]:
+    """Keyword arguments for `uvicorn.run`/`uvicorn.Config`: the h11 protocol with the header
+    timeout, and at most `max_connections` connections or running requests, beyond which a
+    request gets `too_many_connections` (installed into uvicorn's h11 protocol here)."""
+    h11_impl.service_unavailable = too_many_connections  # read at each refused request
+    return {"http": HeaderTimeoutH11Protocol, "limit_concurrency": max_connections}
+
+
+def raise_open_file_limit(max_connections: int) -> int:
+    """Lift the soft limit on open descriptors (``RLIMIT_NOFILE``) to `max_connections` plus
+    `SPARE_DESCRIPTORS`, as far as the hard limit allows; warn if that is not enough.
+
+    Returns:
+        The soft limit now.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_connections + SPARE_DESCRIPTORS
+    ceiling = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < ceiling:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
+        soft = ceiling
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        log.warning(
+            "open files are limited to %d (hard limit), fewer than max_connections %d + %d: "
+            "raise the limit (ulimit -n) or lower max_connections",
+            soft,
+            max_connections,
+            SPARE_DESCRIPTORS,
+        )
+    return soft

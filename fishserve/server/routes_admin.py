@@ -51,6 +51,8 @@ async def add_reference(
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "multipart/form-data":
         raise ApiError(415, f"{ADD_USAGE} (got {kind or 'no content type'})")
+    if id is None and (await request.form()).get("id") == "":
+        raise ApiError(422, f"id is empty: {ADD_USAGE}", "id")
     if id is None or audio is None:
         missing = " and ".join(n for n, v in (("id", id), ("audio", audio)) if v is None)
         raise ApiError(422, f"{missing} missing: {ADD_USAGE}", "id" if id is None else "audio")
@@ -65,6 +67,7 @@ async def add_reference(
         )
     if id.lower() == DEFAULT_VOICE:  # "DEFAULT" too: one folder on a case-insensitive disk
         raise ApiError(400, f"voice id {id!r} is reserved (it means no reference)", "id")
+    await asyncio.to_thread(state.voices.check_free, id)  # 409 before any encoding
     data = await audio.read()
     if not data:
         raise ApiError(400, "audio file is empty", "audio")

@@ -13,7 +13,8 @@ import functools
 import logging
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -45,6 +46,9 @@ from fishserve.synthesis import load_decoder
 log = logging.getLogger(__name__)
 # Free device memory below this fraction of the total makes the server refuse new work (503).
 CRITICAL_FREE_FRACTION = 0.02
+# Reference voices decoded and encoded at once (each up to ~100 MB of host memory and a second
+# of CPU for a 30 s file of 8 channels at 384 kHz); more wait their turn, counted as waiting.
+REFERENCE_WORKERS = 2
 
 
 @dataclass
@@ -182,6 +186,11 @@ class Runtime:
     # streams decoded continuing each layer's state instead of re-decoding left context
     # (fishserve.models.firefly.streaming): on the CPU, where calls run eagerly
     stateful_decoder: bool = False
+    # Reference audio is decoded and encoded here, off asyncio's default pool (which parses
+    # bodies): a burst of large references waits its turn instead of taking every worker.
+    reference_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(REFERENCE_WORKERS, "fishserve-reference")
+    )
     restartable = False  # the engine shares this process: a dead engine thread stays dead
 
     def needs_restart(self) -> bool:
@@ -228,12 +237,14 @@ class Runtime:
         Raises:
             ReferenceAudioError: undecodable, empty, silent or too long audio.
         """
-        return await asyncio.to_thread(self.references.encode, audio)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.reference_pool, self.references.encode, audio)
 
     def shutdown(self) -> None:
         """Stop both threads (and the GIL probe)."""
         self.engine.shutdown()
         self.decode_worker.shutdown()
+        self.reference_pool.shutdown(wait=False, cancel_futures=True)
         if self.gil_probe is not None:
             self.gil_probe.stop()
 

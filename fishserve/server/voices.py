@@ -107,6 +107,16 @@ class VoiceStore:
                 raise VoiceDataError(message) from None
         raise self._not_found(voice_id)
 
+    def check_free(self, voice_id: str) -> None:
+        """Refuse a taken id before its audio is encoded (`add` checks again, under the lock).
+
+        Raises:
+            InvalidVoiceIdError: unsafe id.
+            VoiceExistsError: the id is taken.
+        """
+        if (self.root / validate_voice_id(voice_id)).exists():
+            raise VoiceExistsError(f"voice {voice_id!r} already exists")
+
     def add(self, voice_id: str, audio: bytes, text: str, suffix: str = ".wav") -> None:
         """Store a voice (the caller has validated the audio).
 

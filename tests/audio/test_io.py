@@ -71,24 +71,47 @@ def test_npy_is_taken_as_is(tmp_path: Path) -> None:
         load_audio(tmp_path / "b.npy")
 
 
-@pytest.mark.parametrize("channels", [2, 8, 12])
-def test_many_channels_are_averaged(tmp_path: Path, channels: int) -> None:
-    """Channel c holds c / 16: the mono result is their mean. Run in a child process: PyAV's
-    planar frames of 8 or more channels crashed the process (a 7.1 reference killed the
-    server)."""
-    path = tmp_path / "many.wav"
-    levels = np.arange(channels, dtype=np.float32) / 16
-    sf.write(path, np.tile(levels, (4410, 1)), 44100, subtype="FLOAT")
+def load_in_child(path: Path) -> subprocess.CompletedProcess:
+    """`load_audio(path)` in a child process, printing the length, min and max (PyAV's planar
+    frames of 8 or more channels crashed the process: a 7.1 reference killed the server)."""
     code = textwrap.dedent(f"""
         from fishserve.audio.io import load_audio
         audio = load_audio({str(path)!r})
         print(len(audio), float(audio.min()), float(audio.max()))
     """)
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("channels", [2, 8])
+def test_many_channels_are_averaged(tmp_path: Path, channels: int) -> None:
+    """Channel c holds c / 16: the mono result is their mean."""
+    path = tmp_path / "many.wav"
+    levels = np.arange(channels, dtype=np.float32) / 16
+    sf.write(path, np.tile(levels, (4410, 1)), 44100, subtype="FLOAT")
+    run = load_in_child(path)
     assert run.returncode == 0, run.stderr[-2000:]
     n, low, high = run.stdout.split()
     assert int(n) == 4410
     assert float(low) == pytest.approx(levels.mean()) == pytest.approx(float(high))
+
+
+def test_more_than_eight_channels_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "many.wav"
+    sf.write(path, np.full((4410, 12), 0.1, dtype=np.float32), 44100, subtype="FLOAT")
+    run = load_in_child(path)
+    assert run.returncode == 1 and "AudioDecodeError" in run.stderr
+    assert "12 channels; at most 8 are read" in run.stderr
+
+
+def test_sample_rates_above_384_khz_are_refused(tmp_path: Path) -> None:
+    """A few KiB of constant FLAC at 655 kHz in 8 channels decoded to over a GiB of float32
+    within the 30 s limit; the rate is refused from the stream's header."""
+    tone = 0.1 * np.sin(np.arange(38_400) / 10)
+    sf.write(tmp_path / "fast.flac", tone, 400_000)
+    with pytest.raises(AudioDecodeError, match="sample rate 400000 Hz is above the 384000 Hz"):
+        load_audio(tmp_path / "fast.flac")
+    sf.write(tmp_path / "top.flac", tone, 384_000)
+    assert len(load_audio(tmp_path / "top.flac")) == 4410  # 0.1 s at 44.1 kHz
 
 
 def test_npy_whose_header_claims_more_than_it_holds_is_refused() -> None:

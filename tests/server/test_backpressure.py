@@ -397,3 +397,33 @@ def test_a_request_cut_by_the_shutdown_timeout_gets_a_json_503(tmp_path):
     assert headers["retry-after"] and headers["connection"] == "close"
     assert "shutting down" in json.loads(body["body"])["message"]
     assert refused == [503]
+
+
+def test_references_are_encoded_on_their_own_bounded_pool(tmp_path):
+    """Reference audio is decoded and encoded by `REFERENCE_WORKERS` threads of the runtime,
+    not on asyncio's default pool (which parses every request's body)."""
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    from fishserve.server.runtime import REFERENCE_WORKERS
+
+    buffer = io.BytesIO()
+    sf.write(buffer, 0.3 * np.sin(np.arange(22050) / 20), 44100, "PCM_16", format="WAV")
+    with LiveServer(tiny_server_config(tmp_path)) as live:
+        runtime, threads = live.state.runtime, []
+        encode = runtime.references.encode
+
+        def recording_encode(audio: bytes):
+            threads.append(threading.current_thread().name)
+            return encode(audio)
+
+        runtime.references.encode = recording_encode
+        files = {"audio": ("ref.wav", buffer.getvalue(), "audio/wav")}
+        added = httpx.post(
+            live.url + "/v1/references/add", data={"id": "tone"}, files=files, timeout=60
+        )
+        assert added.status_code == 200, added.text
+        assert threads and all(name.startswith("fishserve-reference") for name in threads)
+        assert runtime.reference_pool._max_workers == REFERENCE_WORKERS

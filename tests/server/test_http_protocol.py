@@ -97,3 +97,45 @@ def test_accept_errors_are_logged_once_per_interval():
     filt._last -= 61.0  # a minute later
     later = record(AcceptErrorFilter.MESSAGE)
     assert filt.filter(later) and "100 more" in later.msg
+
+
+def test_requests_beyond_max_connections_get_a_json_503_with_retry_after(tmp_path):
+    """Three connections are open (two holding a slow upload, one asking): with
+    `max_connections` 3 the third gets a 503 in the server's JSON shape; once the uploads
+    go away, requests are served again."""
+    config = tiny_server_config(tmp_path, lazy_load=True, max_connections=3)
+    head = b"POST /v1/tts HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+    with LiveServer(config) as live:
+        slow = [socket.create_connection(("127.0.0.1", live.port)) for _ in range(2)]
+        try:
+            for sock in slow:  # headers complete, body still to come
+                sock.sendall(head + b"Content-Length: 100\r\n\r\n{")
+            time.sleep(0.3)
+            refused = httpx.get(live.url + "/health", timeout=10)
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["retry-after"] and refused.headers["connection"] == "close"
+            assert "max_connections" in refused.json()["message"]
+        finally:
+            for sock in slow:
+                sock.close()
+        for _ in range(50):
+            if httpx.get(live.url + "/health", timeout=10).status_code == 200:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the server did not serve again after the uploads left")
+
+
+def test_the_open_file_limit_is_raised_to_the_connection_cap():
+    import resource
+
+    from fishserve.server.http_protocol import SPARE_DESCRIPTORS, raise_open_file_limit
+
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (300, before[1]))
+        wanted = 500 + SPARE_DESCRIPTORS
+        assert raise_open_file_limit(500) == min(wanted, before[1])
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == min(wanted, before[1])
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, before)

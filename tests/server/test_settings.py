@@ -169,3 +169,42 @@ def test_audio_timing_settings_refuse_on_off_and_nan(tmp_path, name):
         ServerConfig.load(yaml_file, environ={})
     with pytest.raises(ValueError, match=rf"{name} = .*finite number"):
         ServerConfig.load(overrides={name: "nan"}, environ={})
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "max_reference_seconds",
+        "request_timeout",
+        "shutdown_timeout",
+        "idle_unload_seconds",
+        "first_chunk_deadline",
+    ],
+)
+def test_seconds_must_be_finite(name):
+    """`inf` turned a limit off (a reference of any length, a timeout never reached)."""
+    with pytest.raises(ValueError, match=rf"{name} = 'inf' .*finite number"):
+        ServerConfig.load(overrides={name: "inf"}, environ={})
+
+
+def test_a_settings_file_must_be_utf8_with_each_setting_once(tmp_path):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("port: 8081\nblock_size: 16\nport: 8082\n")
+    with pytest.raises(ValueError, match=r"not valid YAML: .*setting 'port' is given twice"):
+        ServerConfig.load(twice, environ={})
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"api_key: caf\xe9\n")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(latin))} is not UTF-8 text \(byte 12\)"):
+        ServerConfig.load(latin, environ={})
+
+
+def test_a_references_dir_that_cannot_be_made_fails_the_file_check(tmp_path):
+    from fishserve.server.config import check_model_files
+
+    made = tmp_path / "a" / "b"
+    check_model_files(ServerConfig(references_dir=made, load_format="dummy"))
+    assert made.is_dir()
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match=r"references_dir .*file/voices cannot be created"):
+        check_model_files(ServerConfig(references_dir=blocker / "voices", load_format="dummy"))

@@ -219,6 +219,12 @@ def test_voices_add_list_use_delete(server):
     assert added.status_code == 200, added.text
     again = httpx.post(base + "/add", data={"id": "alice", "text": "x"}, files=files)
     assert again.status_code == 409
+    # a taken id is refused before its audio is read: not a 400 about the audio
+    junk = {"audio": ("voice.wav", b"not audio", "audio/wav")}
+    taken = httpx.post(base + "/add", data={"id": "alice", "text": "x"}, files=junk)
+    assert taken.status_code == 409 and "already exists" in taken.json()["message"]
+    empty = httpx.post(base + "/add", data={"id": "", "text": "x"}, files=files)
+    assert empty.status_code == 422 and empty.json()["message"].startswith("id is empty")
     assert (
         httpx.post(base + "/add", data={"id": "../evil", "text": "x"}, files=files).status_code
         == 400
@@ -442,8 +448,8 @@ def test_audio_before_a_corrupt_trailer_is_kept():
 @pytest.mark.parametrize(
     ("route", "body", "message"),
     [
-        ("/v1/tts", [1, 2], "body: expected a JSON object"),
-        ("/v1/tts", {"text": "hi", "references": [5]}, "references.0: expected a JSON object"),
+        ("/v1/tts", [1, 2], "body: expected an object (a JSON object or msgpack map)"),
+        ("/v1/tts", {"text": "hi", "references": [5]}, "references.0: expected an object"),
         ("/v1/references/delete", [1], 'expected a JSON object like {"reference_id": "..."}'),
         ("/v1/references/delete", {"name": "x"}, "unknown field(s) name: send reference_id"),
         ("/v1/references/delete", {"reference_id": 5}, "reference_id must be a string"),
@@ -628,3 +634,27 @@ def test_field_names_with_lone_surrogates_are_echoed_escaped(server):
     url = server.url + "/v1/references/delete"
     response = httpx.request("DELETE", url, content=one, headers=headers, timeout=60)
     assert response.status_code == 422 and "\\ud800" in response.json()["message"]
+
+
+def test_a_json_flood_of_values_is_refused_before_parsing(server):
+    """A body of more values than any request has is a 400 before `json.loads` builds them
+    (it held the GIL ~1.5 s for 32 MiB); commas inside a text of the allowed length pass."""
+    from fishserve.server.routes_tts import SPARE_JSON_COMMAS
+    from fishserve.server.schemas import MAX_REFERENCE_TEXT
+
+    limit = 500 + 8 * MAX_REFERENCE_TEXT + SPARE_JSON_COMMAS  # max_text_length 500 here
+    flood = '{"text": "hi", "references": [' + ",".join(["1"] * (limit + 1)) + "]}"
+    refused = httpx.post(
+        server.url + "/v1/tts", content=flood, headers={"content-type": "application/json"}
+    )
+    assert refused.status_code == 400, refused.text
+    assert f"({limit + 1} commas; at most {limit})" in refused.json()["message"]
+    # texts full of commas are not refused as a flood
+    for route, body in (
+        ("/v1/tts", {**OK, "text": "a," * 250}),
+        ("/v1/audio/speech", {"input": "b," * 30, "voice": "default"}),
+    ):
+        parsed = httpx.post(server.url + route, json=body, timeout=60)
+        assert b"JSON values" not in parsed.content
+    fits = httpx.post(server.url + "/v1/tts", json={**OK, "text": "a, b, c."}, timeout=60)
+    assert fits.status_code == 200, fits.text
