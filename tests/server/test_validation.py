@@ -449,7 +449,11 @@ def test_audio_before_a_corrupt_trailer_is_kept():
     ("route", "body", "message"),
     [
         ("/v1/tts", [1, 2], "body: expected an object (a JSON object or msgpack map)"),
-        ("/v1/tts", {"text": "hi", "references": [5]}, "references.0: expected an object"),
+        (
+            "/v1/tts",
+            {"text": "hi", "references": [5]},
+            "references.0: expected an object (a JSON object or msgpack map)",
+        ),
         ("/v1/references/delete", [1], 'expected a JSON object like {"reference_id": "..."}'),
         ("/v1/references/delete", {"name": "x"}, "unknown field(s) name: send reference_id"),
         ("/v1/references/delete", {"reference_id": 5}, "reference_id must be a string"),
