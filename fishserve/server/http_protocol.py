@@ -168,8 +168,11 @@ def raise_open_file_limit(max_connections: int) -> int:
     wanted = max_connections + SPARE_DESCRIPTORS
     ceiling = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     if soft != resource.RLIM_INFINITY and soft < ceiling:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
-        soft = ceiling
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
+            soft = ceiling
+        except (ValueError, OSError) as exc:  # e.g. macOS caps it below an infinite hard limit
+            log.warning("could not raise the open-file limit to %d: %s", ceiling, exc)
     if soft != resource.RLIM_INFINITY and soft < wanted:
         log.warning(
             "open files are limited to %d (hard limit), fewer than max_connections %d + %d: "
