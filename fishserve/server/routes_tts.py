@@ -29,12 +29,7 @@ from fishserve.models.text import split_text
 from fishserve.server.errors import ApiError, voice_param
 from fishserve.server.normalize import normalize_text
 from fishserve.server.runtime import ServingRuntime, decoder_behind
-from fishserve.server.schemas import (
-    MAX_REFERENCE_TEXT,
-    SpeechRequest,
-    TTSRequest,
-    refuse_bad_field_names,
-)
+from fishserve.server.schemas import SpeechRequest, TTSRequest, refuse_bad_field_names
 from fishserve.server.service import (
     InlineReference,
     encode_references,
@@ -43,6 +38,7 @@ from fishserve.server.service import (
 )
 from fishserve.server.state import ServerState
 from fishserve.server.streaming import collect, sse_response, streaming_response
+from fishserve.server.value_floods import refuse_value_floods
 from fishserve.server.voices import VoiceNotFoundError
 
 router = APIRouter()
@@ -50,9 +46,6 @@ router = APIRouter()
 HTTP_MAX_LENGTH = 4096
 Body = TypeVar("Body", bound=BaseModel)
 OFF_LOOP_BYTES = 64 * 1024  # bodies at least this large are parsed in a worker thread
-# Commas a JSON body may hold beyond those of its texts (one per field or list item of the
-# largest valid request, with room to spare).
-SPARE_JSON_COMMAS = 1000
 DEFAULT_VOICE = "default"  # OpenAI `voice` meaning "no reference: the model's own voice"
 ARRIVAL_KEY = "fishserve_arrival"  # request scope state: monotonic seconds at arrival
 # OpenAI's built-in voices: not stored here, so a 404 with a hint.
@@ -93,8 +86,7 @@ async def parse_body(request: Request) -> Any:
     """
     kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     raw = await read_body(request)
-    if kind in ("application/json", ""):
-        refuse_value_floods(raw, request.app.state.server.config.max_text_length)
+    refuse_value_floods(raw, kind, request.app.state.server.config.max_text_length)
     try:
         if kind in ("application/msgpack", "application/x-msgpack"):
             return await _off_loop(ormsgpack.unpackb, raw)
@@ -107,27 +99,6 @@ async def parse_body(request: Request) -> Any:
     raise ApiError(
         415, f"unsupported content type {kind!r}: use application/json or application/msgpack"
     )
-
-
-def refuse_value_floods(raw: bytes, max_text_length: int) -> None:
-    """Refuse a JSON body with more values than any valid request has, before parsing it.
-
-    Building millions of small objects holds the GIL: a 32 MiB body of ``[1,1,1,...]`` took
-    ~1.5 s in `json.loads`, and every running stream stalled that long. Values are separated
-    by commas, and a valid request's commas are those of its texts (`max_text_length`, and at
-    most 8 reference transcripts of `MAX_REFERENCE_TEXT` characters) plus one per field or
-    list item (`SPARE_JSON_COMMAS`); counting them costs a few ms for 32 MiB.
-
-    Raises:
-        ApiError 400: more commas than that.
-    """
-    limit = max_text_length + 8 * MAX_REFERENCE_TEXT + SPARE_JSON_COMMAS
-    if len(raw) > limit and (count := raw.count(b",")) > limit:
-        raise ApiError(
-            400,
-            f"request body holds more JSON values than a request has ({count} commas; "
-            f"at most {limit})",
-        )
 
 
 async def _off_loop(parse: Callable[[bytes], Any], raw: bytes) -> Any:
