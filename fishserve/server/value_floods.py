@@ -58,12 +58,15 @@ def refuse_value_floods(raw: bytes, kind: str, max_text_length: int) -> None:
         ApiError 400: the body holds too many values.
     """
     if "msgpack" in kind:
-        if _msgpack_objects(raw, SPARE_VALUES + 1) > SPARE_VALUES:
+        count, end = _msgpack_walk(raw, SPARE_VALUES + 1)
+        if count > SPARE_VALUES:
             raise ApiError(
                 400,
                 "request body holds more msgpack objects than a request has "
                 f"(more than {SPARE_VALUES})",
             )
+        if end is not None and end < len(raw):  # ormsgpack reads the first object only
+            raise ApiError(400, f"request body has {len(raw) - end} bytes after its msgpack object")
         return
     if kind not in ("application/json", ""):
         return
@@ -79,6 +82,13 @@ def refuse_value_floods(raw: bytes, kind: str, max_text_length: int) -> None:
 def _msgpack_objects(data: bytes, stop: int) -> int:
     """Objects in the msgpack `data`, counted up to `stop` (a truncated or invalid body is
     counted as far as it goes: its parser reports it)."""
+    return _msgpack_walk(data, stop)[0]
+
+
+def _msgpack_walk(data: bytes, stop: int) -> tuple[int, int | None]:
+    """Objects of the first msgpack object in `data`, counted up to `stop`, and the offset
+    where that object ends (None: not reached, the data being truncated, invalid or the
+    count stopped)."""
     pos, pending, count = 0, 1, 0
     while pending and pos < len(data) and count < stop:
         head = data[pos]
@@ -102,5 +112,5 @@ def _msgpack_objects(data: bytes, stop: int) -> int:
             else:
                 pos += size
         else:  # 0xC1: never used; the parser refuses it
-            break
-    return count
+            return count, None
+    return count, (pos if not pending and pos <= len(data) else None)

@@ -12,6 +12,7 @@ from fishserve.server.errors import ApiError
 from fishserve.server.value_floods import (
     SPARE_VALUES,
     _msgpack_objects,
+    _msgpack_walk,
     json_comma_limit,
     refuse_value_floods,
 )
@@ -42,8 +43,10 @@ def objects(value: object) -> int:
 
 @settings(max_examples=200, deadline=None)
 @given(VALUES)
-def test_the_walk_counts_every_object(value):
-    assert _msgpack_objects(ormsgpack.packb(value), 10**9) == objects(value)
+def test_the_walk_counts_every_object_and_ends_where_the_object_does(value):
+    packed = ormsgpack.packb(value)
+    assert _msgpack_walk(packed, 10**9) == (objects(value), len(packed))
+    assert _msgpack_objects(packed + b"\xc0", 10**9) == objects(value)  # the first object
 
 
 @pytest.mark.parametrize(
@@ -77,3 +80,14 @@ def test_refusals_name_the_limit():
         refuse_value_floods(b"," * (limit + 1), "application/json", 10)
     refuse_value_floods(b"," * limit, "application/json", 10)
     refuse_value_floods(b"," * (limit + 1), "text/plain", 10)  # its parser refuses it
+
+
+def test_bytes_after_the_msgpack_object_are_refused():
+    """ormsgpack reads the first object and ignored the rest: two objects back to back were
+    served as the first."""
+    one = ormsgpack.packb({"text": "hi", "max_new_tokens": 4})
+    refuse_value_floods(one, "application/msgpack", 10)
+    for extra in (ormsgpack.packb({"text": "OTHER"}), b"\x00"):
+        with pytest.raises(ApiError, match=f"{len(extra)} bytes after its msgpack object"):
+            refuse_value_floods(one + extra, "application/msgpack", 10)
+    refuse_value_floods(one[:-1], "application/msgpack", 10)  # truncated: the parser's 400
