@@ -268,20 +268,22 @@ def _decode_frames(
     # `to_ndarray` of a planar frame of 8 or more channels crashes the process).
     resampler = av.AudioResampler(format="flt")
     chunks: list[np.ndarray] = []
-    rate = decoded = 0
-    channels: set[int] = set()
+    rate = decoded = channels = 0
     try:
         for frame in container.decode(stream):
             rate = rate or frame.sample_rate
+            channels = channels or len(frame.layout.channels)
             _check_format(frame.sample_rate, len(frame.layout.channels), label)
+            if len(frame.layout.channels) != channels:  # before the resampler refuses it
+                raise AudioDecodeError(f"{label}: channel count changes inside the stream")
             decoded += frame.samples
             _check_duration(decoded, rate, max_seconds, label)
-            chunks.extend(_mono(f, channels, label) for f in resampler.resample(frame))
+            chunks.extend(_mono(f) for f in resampler.resample(frame))
     except (av.error.FFmpegError, OSError) as exc:
         if not chunks:
             raise
         log.warning("%s: audio ends at a packet that cannot be decoded (%s)", label, exc)
-    chunks.extend(_mono(f, channels, label) for f in resampler.resample(None))
+    chunks.extend(_mono(f) for f in resampler.resample(None))
     return chunks, rate
 
 
@@ -290,7 +292,7 @@ def _check_format(rate: int, channels: int, label: str) -> None:
     samples are decoded (0: not known yet)."""
     if rate > MAX_SAMPLE_RATE:
         raise AudioDecodeError(
-            f"{label}: sample rate {rate} Hz is above the {MAX_SAMPLE_RATE} Hz this server reads"
+            f"{label}: sample rate {rate} Hz is above the {MAX_SAMPLE_RATE} Hz that are read"
         )
     if channels > MAX_CHANNELS:
         raise AudioDecodeError(
@@ -298,14 +300,7 @@ def _check_format(rate: int, channels: int, label: str) -> None:
         )
 
 
-def _mono(frame: av.AudioFrame, channels: set[int], label: str) -> np.ndarray:
-    """A packed (interleaved) frame's samples averaged over its channels, ``(n,)`` float32.
-
-    Raises:
-        AudioDecodeError: the channel count differs from an earlier frame's (in `channels`).
-    """
+def _mono(frame: av.AudioFrame) -> np.ndarray:
+    """A packed (interleaved) frame's samples averaged over its channels, ``(n,)`` float32."""
     count = len(frame.layout.channels)
-    channels.add(count)
-    if len(channels) != 1:
-        raise AudioDecodeError(f"{label}: channel count changes inside the stream")
     return frame.to_ndarray().reshape(-1, count).mean(axis=1, dtype=np.float32)

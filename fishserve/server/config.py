@@ -257,15 +257,23 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     won: a setting changed at the top of a file was undone by an old line below)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        """The mapping of `node`; a repeated key is a `yaml.constructor.ConstructorError`."""
-        seen: set[Any] = set()
+        """The mapping of `node`; a key written twice in it (spelt with `-` or `_`, or as a
+        setting and its alias) is a `yaml.constructor.ConstructorError`. Keys merged in with
+        ``<<`` may be overridden, as YAML means them to be."""
+        seen: dict[str, str] = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
-            if isinstance(key, str | int | float | bool) and key in seen:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                continue
+            key = str(self.construct_object(key_node))  # type: ignore[no-untyped-call]
+            name = _setting_name(key)
+            if name in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"setting {key!r} is given twice", key_node.start_mark
+                    None,
+                    None,
+                    f"setting {name!r} is given twice ({seen[name]!r}, {key!r})",
+                    key_node.start_mark,
                 )
-            seen.add(key)
+            seen[name] = key
         return super().construct_mapping(node, deep=deep)
 
 
@@ -287,6 +295,12 @@ def _read_yaml(path: Path) -> dict[Any, Any]:
     if not isinstance(loaded, dict):
         raise ValueError(f"{path}: expected a mapping of settings (key: value lines)")
     return loaded
+
+
+def _setting_name(key: str) -> str:
+    """The setting a YAML key or flag names: `-` read as `_`, an alias as its setting."""
+    key = key.replace("-", "_")
+    return ALIASES.get(key, key)
 
 
 def _put(
@@ -318,7 +332,8 @@ def _suggest(name: str) -> str:
     match = difflib.get_close_matches(bare, list(ServerConfig.model_fields), n=1)
     if not match:
         return ""
-    return f"; did you mean {ENV_PREFIX + match[0].upper() if name != bare else match[0]}?"
+    env = name.startswith(ENV_PREFIX)
+    return f"; did you mean {ENV_PREFIX + match[0].upper() if env else match[0]}?"
 
 
 def settings_error(exc: ValidationError, origins: Mapping[str, str]) -> str:

@@ -154,7 +154,9 @@ def uvicorn_options(max_connections: int) -> dict[str, Any]:
     timeout, and at most `max_connections` connections or running requests, beyond which a
     request gets `too_many_connections` (installed into uvicorn's h11 protocol here)."""
     h11_impl.service_unavailable = too_many_connections  # read at each refused request
-    return {"http": HeaderTimeoutH11Protocol, "limit_concurrency": max_connections}
+    # uvicorn refuses when `connections >= limit_concurrency`, counting the asking one: + 1
+    # lets in `max_connections` of them
+    return {"http": HeaderTimeoutH11Protocol, "limit_concurrency": max_connections + 1}
 
 
 def raise_open_file_limit(max_connections: int) -> int:

@@ -108,7 +108,7 @@ def test_sample_rates_above_384_khz_are_refused(tmp_path: Path) -> None:
     within the 30 s limit; the rate is refused from the stream's header."""
     tone = 0.1 * np.sin(np.arange(38_400) / 10)
     sf.write(tmp_path / "fast.flac", tone, 400_000)
-    with pytest.raises(AudioDecodeError, match="sample rate 400000 Hz is above the 384000 Hz"):
+    with pytest.raises(AudioDecodeError, match="sample rate 400000 Hz is above the 384000 Hz that"):
         load_audio(tmp_path / "fast.flac")
     sf.write(tmp_path / "top.flac", tone, 384_000)
     assert len(load_audio(tmp_path / "top.flac")) == 4410  # 0.1 s at 44.1 kHz
@@ -157,3 +157,31 @@ def test_write_then_load_roundtrip(tmp_path: Path) -> None:
     tone = 0.25 * np.sin(np.linspace(0, 200 * np.pi, 44100)).astype(np.float32)
     write_wav(tmp_path / "rt.wav", tone, 44100)
     assert np.abs(load_audio(tmp_path / "rt.wav") - tone).max() < 1e-4
+
+
+def _adts_aac(channels: int) -> bytes:
+    """Half a second of a tone as ADTS AAC (PyAV's own encoder), mono or stereo."""
+    import io
+
+    import av
+
+    buffer = io.BytesIO()
+    layout = "mono" if channels == 1 else "stereo"
+    with av.open(buffer, "w", format="adts") as container:
+        stream = container.add_stream("aac", rate=44100, layout=layout)
+        tone = (0.3 * np.sin(np.arange(22050) / 10)).astype(np.float32)
+        frame = av.AudioFrame.from_ndarray(
+            np.repeat(tone[None], channels, 0), format="fltp", layout=layout
+        )
+        frame.sample_rate, frame.pts = 44100, 0
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            container.mux(packet)
+    return buffer.getvalue()
+
+
+def test_a_channel_count_that_changes_inside_the_stream_is_named() -> None:
+    """Mono then stereo AAC: refused with its reason (it was the resampler's "Frame does
+    not match AudioResampler setup")."""
+    assert len(load_audio(_adts_aac(2))) > 0
+    with pytest.raises(AudioDecodeError, match="channel count changes inside the stream"):
+        load_audio(_adts_aac(1) + _adts_aac(2))

@@ -100,17 +100,21 @@ def test_accept_errors_are_logged_once_per_interval():
 
 
 def test_requests_beyond_max_connections_get_a_json_503_with_retry_after(tmp_path):
-    """Three connections are open (two holding a slow upload, one asking): with
-    `max_connections` 3 the third gets a 503 in the server's JSON shape; once the uploads
-    go away, requests are served again."""
+    """With `max_connections` 3, two connections holding a slow upload leave room for a
+    third; with three of them the fourth gets a 503 in the server's JSON shape; once the
+    uploads go away, requests are served again."""
     config = tiny_server_config(tmp_path, lazy_load=True, max_connections=3)
     head = b"POST /v1/tts HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
     with LiveServer(config) as live:
-        slow = [socket.create_connection(("127.0.0.1", live.port)) for _ in range(2)]
+        slow = []
         try:
-            for sock in slow:  # headers complete, body still to come
-                sock.sendall(head + b"Content-Length: 100\r\n\r\n{")
-            time.sleep(0.3)
+            for count in (2, 3):
+                while len(slow) < count:  # headers complete, body still to come
+                    slow.append(socket.create_connection(("127.0.0.1", live.port)))
+                    slow[-1].sendall(head + b"Content-Length: 100\r\n\r\n{")
+                time.sleep(0.3)
+                if count == 2:
+                    assert httpx.get(live.url + "/health", timeout=10).status_code == 200
             refused = httpx.get(live.url + "/health", timeout=10)
             assert refused.status_code == 503, refused.text
             assert refused.headers["retry-after"] and refused.headers["connection"] == "close"

@@ -192,10 +192,31 @@ def test_a_settings_file_must_be_utf8_with_each_setting_once(tmp_path):
     twice.write_text("port: 8081\nblock_size: 16\nport: 8082\n")
     with pytest.raises(ValueError, match=r"not valid YAML: .*setting 'port' is given twice"):
         ServerConfig.load(twice, environ={})
+    for text, shown in (
+        (
+            "max_waiting: 5\nmax-waiting: 6\n",
+            "'max_waiting' is given twice ('max_waiting', 'max-waiting')",
+        ),
+        ("gpu_memory_budget: 1GiB\nmemory_budget: 2GiB\n", "'gpu_memory_budget' is given twice"),
+    ):
+        twice.write_text(text)
+        with pytest.raises(ValueError, match=re.escape(shown)):
+            ServerConfig.load(twice, environ={})
+    merged = tmp_path / "merged.yaml"  # YAML merge keys may be overridden, as YAML means
+    merged.write_text("<<: {port: 8081, block_size: 32}\nport: 8082\n")
+    loaded = ServerConfig.load(merged, environ={})
+    assert (loaded.port, loaded.block_size) == (8082, 32)
     latin = tmp_path / "latin.yaml"
     latin.write_bytes(b"api_key: caf\xe9\n")
     with pytest.raises(ValueError, match=rf"{re.escape(str(latin))} is not UTF-8 text \(byte 12\)"):
         ServerConfig.load(latin, environ={})
+
+
+def test_a_capitalised_yaml_key_gets_the_setting_as_its_suggestion(tmp_path):
+    yaml_file = tmp_path / "serve.yaml"
+    yaml_file.write_text("Port: 8081\n")
+    with pytest.raises(ValueError, match=r"Port .*unknown setting; did you mean port\?"):
+        ServerConfig.load(yaml_file, environ={})
 
 
 def test_a_references_dir_that_cannot_be_made_fails_the_file_check(tmp_path):
