@@ -239,7 +239,7 @@ class ServerConfig(BaseModel):
         origins: dict[str, str] = {}
         if yaml_path is not None:
             for key, value in _read_yaml(Path(yaml_path)).items():
-                _put(values, origins, str(key).replace("-", "_"), value, str(yaml_path))
+                _put(values, origins, str(key), value, str(yaml_path))
         env = os.environ if environ is None else environ
         for name in _env_names(env):
             _put(values, origins, name[len(ENV_PREFIX) :].lower(), env[name], name)
@@ -306,8 +306,9 @@ def _setting_name(key: str) -> str:
 def _put(
     values: dict[str, Any], origins: dict[str, str], key: str, value: Any, origin: str
 ) -> None:
-    """Set `values[key]` (an alias stands for its setting) and note where it came from."""
-    key = ALIASES.get(key, key)
+    """Set `values[key]` (`-` read as `_`, an alias as its setting) and note where it came
+    from."""
+    key = _setting_name(key)
     values[key] = value
     origins[key] = origin
 

@@ -38,7 +38,7 @@ from fishserve.server.service import (
 )
 from fishserve.server.state import ServerState
 from fishserve.server.streaming import collect, sse_response, streaming_response
-from fishserve.server.value_floods import refuse_value_floods
+from fishserve.server.value_floods import JSON_TYPES, MSGPACK_TYPES, refuse_value_floods
 from fishserve.server.voices import VoiceNotFoundError
 
 router = APIRouter()
@@ -88,9 +88,9 @@ async def parse_body(request: Request) -> Any:
     raw = await read_body(request)
     refuse_value_floods(raw, kind, request.app.state.server.config.max_text_length)
     try:
-        if kind in ("application/msgpack", "application/x-msgpack"):
+        if kind in MSGPACK_TYPES:
             return await _off_loop(ormsgpack.unpackb, raw)
-        if kind in ("application/json", ""):
+        if kind in JSON_TYPES:
             return await _off_loop(json.loads, raw or b"null")
     except RecursionError:
         raise ApiError(400, "request body is nested too deeply") from None

@@ -20,7 +20,17 @@ from __future__ import annotations
 from fishserve.server.errors import ApiError
 from fishserve.server.schemas import MAX_REFERENCE_TEXT
 
-__all__ = ["SPARE_VALUES", "json_comma_limit", "refuse_value_floods"]
+__all__ = [
+    "JSON_TYPES",
+    "MSGPACK_TYPES",
+    "SPARE_VALUES",
+    "json_comma_limit",
+    "refuse_value_floods",
+]
+
+# Content types read as JSON (also none given) and as msgpack (spec §7.2).
+JSON_TYPES = ("application/json", "")
+MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack")
 
 # Values a body may hold beyond the commas of its texts: one per field or list item of the
 # largest valid request (8 references of 3 fields, ~20 fields), with room to spare.
@@ -57,7 +67,7 @@ def refuse_value_floods(raw: bytes, kind: str, max_text_length: int) -> None:
     Raises:
         ApiError 400: the body holds too many values.
     """
-    if "msgpack" in kind:
+    if kind in MSGPACK_TYPES:
         count, end = _msgpack_walk(raw, SPARE_VALUES + 1)
         if count > SPARE_VALUES:
             raise ApiError(
@@ -68,7 +78,7 @@ def refuse_value_floods(raw: bytes, kind: str, max_text_length: int) -> None:
         if end is not None and end < len(raw):  # ormsgpack reads the first object only
             raise ApiError(400, f"request body has {len(raw) - end} bytes after its msgpack object")
         return
-    if kind not in ("application/json", ""):
+    if kind not in JSON_TYPES:
         return
     limit = json_comma_limit(max_text_length)
     if len(raw) > limit and (count := raw.count(b",")) > limit:
@@ -79,16 +89,10 @@ def refuse_value_floods(raw: bytes, kind: str, max_text_length: int) -> None:
         )
 
 
-def _msgpack_objects(data: bytes, stop: int) -> int:
-    """Objects in the msgpack `data`, counted up to `stop` (a truncated or invalid body is
-    counted as far as it goes: its parser reports it)."""
-    return _msgpack_walk(data, stop)[0]
-
-
 def _msgpack_walk(data: bytes, stop: int) -> tuple[int, int | None]:
-    """Objects of the first msgpack object in `data`, counted up to `stop`, and the offset
-    where that object ends (None: not reached, the data being truncated, invalid or the
-    count stopped)."""
+    """Objects of the first msgpack object in `data`, counted up to `stop` (a truncated or
+    invalid body as far as it goes: its parser reports it), and the offset where that object
+    ends (None: not reached, the data being truncated, invalid or the count stopped)."""
     pos, pending, count = 0, 1, 0
     while pending and pos < len(data) and count < stop:
         head = data[pos]
