@@ -112,6 +112,15 @@ def test_bad_kernel_inputs_are_refused_before_launch() -> None:
     buffer = torch.zeros(2 * 9 * 6 + 6)
     with pytest.raises(ValueError, match="must not share memory with x"):  # overlapping views
         causal_conv_cl(buffer[:108].view(2, 9, 6), same, silu_in=True, out=buffer[6:].view(2, 9, 6))
+    act_cases = [
+        ({"act_out": torch.zeros(2, 8, 6)}, "act_out: expected"),
+        ({"act_out": good, "out": good}, "act_out must not share memory"),
+        ({"act_out": good, "silu_out": True}, "silu_out excludes"),
+        ({"tanh_out": True, "silu_out": True}, "silu_out excludes"),
+    ]
+    for kwargs, message in act_cases:
+        with pytest.raises(ValueError, match=message):
+            causal_conv_cl(x, packed, silu_in=True, **kwargs)
 
 
 @pytest.mark.skipif(not triton_head_available(), reason="Triton is not installed")
@@ -374,6 +383,17 @@ out = torch.full_like(plain, 1234.0)
 causal_conv_cl(x, packed, silu_in=True, out=out, skip=torch.tensor([0, 200, 300]))
 assert torch.equal(out[0], plain[0]) and torch.equal(out[1, 128:], plain[1, 128:])
 assert (out[1, :128] == 1234.0).all() and (out[2] == 1234.0).all()
+
+# 2d. SiLU in the epilogue: silu_out writes silu(result), act_out writes it beside the result
+packed = PackedConv.from_conv(CausalConv1d(5, 6, 3, dilation=2))
+x, res, acc = torch.randn(2, 40, 5), torch.randn(2, 40, 6), torch.randn(2, 40, 6)
+kw = dict(silu_in=True, residual=res, scale=0.5, accumulate=acc)
+plain = causal_conv_cl(x, packed, **kw)
+close(causal_conv_cl(x, packed, silu_out=True, **kw), F.silu(plain), "silu_out")
+act = torch.full_like(plain, 1234.0)
+both = causal_conv_cl(x, packed, act_out=act, **kw)
+assert torch.equal(both, plain)
+close(act, F.silu(plain), "act_out")
 
 # 3. a generator: each item's new frames, decoded as the whole window would be
 tiny = FireflyConfig.from_file(TINY_DIR + "/firefly_gan_vq_tiny.yaml")

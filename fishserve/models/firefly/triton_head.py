@@ -11,7 +11,10 @@ per convolution on ``(B, T, C)`` (channels-last) activations:
   causal (left-zero-padded) window, the products run on tensor cores (``tl.dot``, float32
   accumulation), and residual add, ``tanh``, and the running mean of a
   :class:`~fishserve.models.firefly.layers.ParallelBlock` happen in the epilogue: each
-  activation is read and written once per convolution.
+  activation is read and written once per convolution. The epilogue can also write SiLU of
+  the result (instead of it, or beside it), and :class:`TritonHead` uses that so that no
+  convolution applies SiLU on load: there it was recomputed once per tap, which made a 7- or
+  11-tap convolution of 16-128 channels 2.0-2.6x slower (H200, docs/benchmarks.md §6.19).
 * a causal transposed convolution with stride ``s`` and kernel ``k <= m*s`` is the same kernel:
   output sample ``s*t + r`` is ``sum_i W[:, :, r + s*i]^T x[t - i]`` (``i < m``), i.e. an
   ``m``-tap causal convolution with ``s * C_out`` output channels whose ``(B, T, s*C_out)``
@@ -29,6 +32,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -73,6 +77,7 @@ if triton is not None:
         res_ptr,
         acc_ptr,
         out_ptr,
+        act_ptr,
         valid_ptr,
         skip_ptr,
         in_len,
@@ -90,6 +95,8 @@ if triton is not None:
         HAS_VALID: tl.constexpr,
         HAS_SKIP: tl.constexpr,
         TANH_OUT: tl.constexpr,
+        SILU_OUT: tl.constexpr,
+        ACT_OUT: tl.constexpr,
         IEEE: tl.constexpr,
         BLOCK_T: tl.constexpr,
         BLOCK_N: tl.constexpr,
@@ -147,6 +154,11 @@ if triton is not None:
         acc = acc * scale
         if HAS_ACC:
             acc += tl.load(acc_ptr + out_off, mask=o_ok, other=0.0).to(tl.float32)
+        if ACT_OUT:  # SiLU of the result as a second output, for the next conv's input
+            act = acc * tl.sigmoid(acc)
+            tl.store(act_ptr + out_off, act.to(act_ptr.dtype.element_ty), mask=o_ok)
+        if SILU_OUT:
+            acc = acc * tl.sigmoid(acc)
         tl.store(out_ptr + out_off, acc.to(out_ptr.dtype.element_ty), mask=o_ok)
 
 
@@ -273,6 +285,19 @@ def _check_io(x: Tensor, conv: PackedConv, out_len: int, extra: dict[str, Tensor
             raise ValueError(f"{name}: must be on {x.device} and must not share memory with x")
 
 
+def _check_act(
+    act_out: Tensor | None, silu_out: bool, tanh_out: bool, others: tuple[Tensor | None, ...]
+) -> None:
+    """Raise ValueError for output options that contradict each other (`causal_conv_cl`)."""
+    if silu_out and (act_out is not None or tanh_out):
+        raise ValueError("silu_out excludes act_out and tanh_out")
+    if act_out is None:
+        return
+    ptr = act_out.untyped_storage().data_ptr()
+    if any(t is not None and t.untyped_storage().data_ptr() == ptr for t in others):
+        raise ValueError("act_out must not share memory with out, accumulate or residual")
+
+
 def causal_conv_cl(
     x: Tensor,
     conv: PackedConv,
@@ -282,6 +307,8 @@ def causal_conv_cl(
     scale: float = 1.0,
     accumulate: Tensor | None = None,
     tanh_out: bool = False,
+    silu_out: bool = False,
+    act_out: Tensor | None = None,
     out: Tensor | None = None,
     out_len: int | None = None,
     valid: Tensor | None = None,
@@ -297,6 +324,14 @@ def causal_conv_cl(
         residual: ``(B, T_r, C_out)`` with ``T_r >= T_out``, its last ``T_out`` steps added
             before ``scale``; accumulate: ``(B, T_out, C_out)``, added after it.
         scale: multiplies ``conv + residual``. tanh_out: ``tanh`` of ``conv`` (before residual).
+        silu_out: write ``silu`` of the result (after ``accumulate``) instead of the result:
+            for an output that the next conv reads only through SiLU, which then loads it
+            with ``silu_in=False``. SiLU on load is recomputed for every tap, and costs
+            2.0-2.6x the conv's time at 7-11 taps and <= 128 channels (H200,
+            docs/benchmarks.md §6.19); applied once here it costs one pass of the epilogue.
+        act_out: ``(B, T_out, C_out)``: also write ``silu`` of the result there (the result
+            itself goes to `out`), for an output read both as it is (a residual) and
+            through SiLU (the next conv's input).
         out: where to write (may be ``accumulate`` itself); a new tensor by default.
         out_len: ``T_out``, compute only the last ``T_out`` of the ``T`` output steps (default
             ``T``): output step ``t`` is the full convolution's step ``t + T - T_out``. This is
@@ -316,12 +351,17 @@ def causal_conv_cl(
     Raises:
         ValueError: ``x`` is not a contiguous ``(B, T, C_in)`` tensor in the weights' dtype and
             device, an item is too long for 32-bit offsets (``T * C >= 2**31``), ``out_len`` is
-            outside ``[0, T]``, ``residual``/``accumulate``/``out`` is not a contiguous tensor
-            like ``x`` of the shapes above (``out`` and ``accumulate`` must not be ``x``), or
-            ``valid`` or ``skip`` is not a ``(B,)`` int64 tensor on ``x``'s device.
+            outside ``[0, T]``, ``residual``/``accumulate``/``out``/``act_out`` is not a
+            contiguous tensor like ``x`` of the shapes above (``out``, ``accumulate`` and
+            ``act_out`` must not be ``x``; ``act_out`` must not share memory with ``out``,
+            ``accumulate`` or ``residual``), ``silu_out`` is asked with ``act_out`` or
+            ``tanh_out``, or ``valid`` or ``skip`` is not a ``(B,)`` int64 tensor on ``x``'s
+            device.
     """
     out_len = x.shape[1] if out_len is None else out_len
-    _check_io(x, conv, out_len, {"residual": residual, "accumulate": accumulate, "out": out})
+    tensors = {"residual": residual, "accumulate": accumulate, "out": out, "act_out": act_out}
+    _check_io(x, conv, out_len, tensors)
+    _check_act(act_out, silu_out, tanh_out, (residual, accumulate, out))
     for name, rows in (("valid", valid), ("skip", skip)):
         if rows is not None and (
             rows.shape != (x.shape[0],) or rows.dtype != torch.int64 or rows.device != x.device
@@ -342,6 +382,7 @@ def causal_conv_cl(
         residual if residual is not None else x,
         accumulate if accumulate is not None else x,
         out,
+        act_out if act_out is not None else out,
         valid if valid is not None else x,
         skip if skip is not None else x,
         seq_len,
@@ -359,6 +400,8 @@ def causal_conv_cl(
         HAS_VALID=valid is not None,
         HAS_SKIP=skip is not None,
         TANH_OUT=tanh_out,
+        SILU_OUT=silu_out,
+        ACT_OUT=act_out is not None,
         IEEE=x.dtype == torch.float32,
         BLOCK_T=block_t,
         BLOCK_N=block_n,
@@ -409,14 +452,25 @@ class TritonHead:
         if z.shape[0] == 0 or z.shape[2] == 0:  # nothing to launch
             hop = math.prod(stage.up.upsample for stage in self.stages)
             return z.new_zeros((z.shape[0], 1, z.shape[2] * hop))
-        x = causal_conv_cl(z.transpose(1, 2).contiguous(), self.pre, silu_in=False)
-        for stage in self.stages:
-            batch, seq_len, _ = x.shape
-            x = causal_conv_cl(x, stage.up, silu_in=True)
-            x = x.view(batch, seq_len * stage.up.upsample, -1)
-            x = _parallel_block(x, stage)
-        wav = causal_conv_cl(x, self.post, silu_in=True, tanh_out=True)
+        wav = self._run(z.transpose(1, 2).contiguous(), _FullCalls())
         return wav.view(wav.shape[0], 1, wav.shape[1])  # (B, T, 1) and (B, 1, T) share memory
+
+    def _run(self, x: Tensor, calls: _FullCalls | _TailCalls) -> Tensor:
+        """The head on ``(B, T, num_mels)`` channels-last `x` -> ``(B, T_out, 1)``.
+
+        Every activation that the next convolution reads through SiLU is written already
+        passed through it by the convolution that produces it (``silu_out``, or ``act_out``
+        beside the plain result where that is also a residual), so no convolution applies
+        SiLU to its input: on load that SiLU was recomputed once per tap.
+        """
+        x = calls.conv(x, self.pre, silu_in=False, silu_out=True)
+        for stage in self.stages:
+            rows = calls.peek(x)
+            raw, act = _conv_act(calls, x, stage.up, rows)
+            calls.rate *= stage.up.upsample
+            shape = (x.shape[0], rows * stage.up.upsample, -1)
+            x = _parallel_block(raw.view(shape), act.view(shape), stage, calls)
+        return calls.conv(x, self.post, silu_in=False, tanh_out=True)
 
     @property
     def hop(self) -> int:
@@ -535,15 +589,26 @@ class TritonHead:
             raise ValueError(
                 f"skip: expected ({len(plan)}, {x.shape[0]}) rows, got {tuple(skip.shape)}"
             )
-        calls = _TailCalls(plan, blocks, skip, valid)
-        x = calls.conv(x, self.pre, silu_in=False)
-        for stage in self.stages:
-            rows = calls.peek()
-            x = calls.conv(x, stage.up, silu_in=True)
-            calls.rate *= stage.up.upsample
-            x = _parallel_block(x.view(x.shape[0], rows * stage.up.upsample, -1), stage, calls)
-        wav = calls.conv(x, self.post, silu_in=True, tanh_out=True)
+        wav = self._run(x, _TailCalls(plan, blocks, skip, valid))
         return wav.view(wav.shape[0], wav.shape[1])
+
+
+class _FullCalls:
+    """The convolutions of a whole decode: every output step of every convolution."""
+
+    rate = 1
+
+    def peek(self, x: Tensor) -> int:
+        """Output steps of the next convolution, whose input is `x`."""
+        return x.shape[1]
+
+    def block_len(self, x: Tensor) -> int:
+        """Output steps of the ParallelBlock whose input is `x`."""
+        return x.shape[1]
+
+    def conv(self, x: Tensor, conv: PackedConv, **kw: Any) -> Tensor:
+        """`causal_conv_cl` on every step."""
+        return causal_conv_cl(x, conv, **kw)
 
 
 class _TailCalls:
@@ -556,11 +621,15 @@ class _TailCalls:
         self.blocks = iter(blocks)  # each ParallelBlock's output steps, in order
         self.index, self.rate = 0, 1
 
-    def peek(self) -> int:
-        """Output steps of the next convolution."""
+    def peek(self, x: Tensor | None = None) -> int:
+        """Output steps of the next convolution (as planned, whatever its input)."""
         return self.plan[self.index]
 
-    def conv(self, x: Tensor, conv: PackedConv, **kw: object) -> Tensor:
+    def block_len(self, x: Tensor) -> int:
+        """Output steps of the next ParallelBlock (as planned)."""
+        return next(self.blocks)
+
+    def conv(self, x: Tensor, conv: PackedConv, **kw: Any) -> Tensor:
         """`causal_conv_cl` with the next planned length, skip rows, `valid` and rate."""
         i = self.index
         self.index += 1
@@ -611,34 +680,54 @@ def _block_plan(
     return plan
 
 
-def _parallel_block(x: Tensor, stage: _Stage, calls: _TailCalls | None = None) -> Tensor:
-    """Mean over ResBlocks of ``h = h + c2(silu(c1(silu(h))))`` per dilation, all from ``x``.
+def _conv_act(
+    calls: _FullCalls | _TailCalls, x: Tensor, conv: PackedConv, out_len: int, **kw: Any
+) -> tuple[Tensor, Tensor]:
+    """The next convolution of `calls` on `x` (no SiLU on load) -> (result, SiLU of it), both
+    ``(B, out_len, C_out)``; `out_len` must be the convolution's planned output steps."""
+    act = x.new_empty((x.shape[0], out_len, conv.weight.shape[2]))
+    return calls.conv(x, conv, silu_in=False, act_out=act, **kw), act
 
-    The last conv of each ResBlock adds ``(h + c2(...)) / n`` into the running mean in its
-    epilogue, so the mean costs no extra pass over memory. With `calls` (a trimmed decode),
-    each conv produces only its planned steps (`_block_plan`); without, every step.
+
+def _parallel_block(
+    x: Tensor, x_act: Tensor, stage: _Stage, calls: _FullCalls | _TailCalls
+) -> Tensor:
+    """SiLU of the mean over ResBlocks of ``h = h + c2(silu(c1(silu(h))))`` per dilation, all
+    from ``x`` (`x_act` is ``silu(x)``, the same shape).
+
+    Each ``c1`` writes ``silu`` of its output (``c2`` reads nothing else), each ``c2`` but a
+    ResBlock's last writes ``h`` (the next residual) and ``silu(h)`` (the next ``c1``'s
+    input). The last conv of each ResBlock adds ``(h + c2(...)) / n`` into the running mean in
+    its epilogue, so the mean costs no extra pass over memory, and the very last one applies
+    the SiLU that the next convolution (an upsampling or ``conv_post``) reads through. With
+    `calls` a trimmed decode, each conv produces only its planned steps (`_block_plan`).
     """
     resblocks = stage.resblocks
-    out_len = x.shape[1] if calls is None else next(calls.blocks)
+    out_len = calls.block_len(x)
     total: Tensor | None = None
     scale = 1.0 / len(resblocks)
-
-    def conv(h: Tensor, c: PackedConv, **kw: object) -> Tensor:
-        if calls is None:
-            return causal_conv_cl(h, c, silu_in=True, **kw)
-        return calls.conv(h, c, silu_in=True, **kw)
-
-    for pairs in resblocks:
+    fused = bool(resblocks[-1])  # the last ResBlock has convs: its last one applies the SiLU
+    for r, pairs in enumerate(resblocks):
         if not pairs:  # a ResBlock without dilations is the identity
             tail = x[:, x.shape[1] - out_len :]
             total = tail * scale if total is None else total + tail * scale
             continue
-        h = x
+        h, h_act = x, x_act
         for i, (c1, c2) in enumerate(pairs):
-            y = conv(h, c1)
+            y_act = calls.conv(h_act, c1, silu_in=False, silu_out=True)
             if i < len(pairs) - 1:
-                h = conv(y, c2, residual=h)
-            else:
-                total = conv(y, c2, residual=h, scale=scale, accumulate=total, out=total)
+                h, h_act = _conv_act(calls, y_act, c2, calls.peek(y_act), residual=h)
+                continue
+            last = fused and r == len(resblocks) - 1
+            total = calls.conv(
+                y_act,
+                c2,
+                silu_in=False,
+                residual=h,
+                scale=scale,
+                accumulate=total,
+                out=total,
+                silu_out=last,
+            )
     assert total is not None
-    return total
+    return total if fused else F.silu(total)
