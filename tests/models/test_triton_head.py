@@ -450,3 +450,73 @@ def test_trimmed_decode_matches_the_full_decode_in_the_interpreter() -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
+
+
+ADVERSARIAL_HEAD_SCRIPT = """
+import torch
+torch.use_deterministic_algorithms(True)
+torch.utils.deterministic.fill_uninitialized_memory = True  # unwritten rows read as NaN
+import fishserve.models.firefly.triton_head as th
+from fishserve.models.firefly.config import HeadConfig
+from fishserve.models.firefly.layers import HiFiGANHead
+
+def close(got, want, what):
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    diff = (got - want).abs().max().item()
+    assert diff < 1e-5, (what, diff)  # NaN fails too
+
+# (kernel sizes, dilations, initial channels, upsample rates, upsample kernels)
+cases = [
+    ((3, 5, 3), ((), (1, 2), (3,)), 10, (3, 2), (5, 4)),  # identity first
+    ((3, 3, 5), ((1,), (), (2,)), 10, (3, 2), (5, 4)),  # identity in the middle
+    ((3,), ((1, 3),), 10, (3, 2), (5, 4)),  # a single ResBlock
+    ((3,), ((),), 10, (3, 2), (5, 4)),  # a single identity ResBlock
+    ((3, 5), ((1,), ()), 14, (2, 2, 2), (3, 4, 5)),  # odd channels (14, 7, 3, 1)
+    ((3,), ((1,),), 10, (), ()),  # no upsampling stage
+]
+for i, (rk, rd, c0, ups, uk) in enumerate(cases):
+    torch.manual_seed(i)
+    hop = 1
+    for u in ups:
+        hop *= u
+    head = HiFiGANHead(HeadConfig(hop, ups, uk, rk, rd, 6, c0, 3, 3)).eval()
+    for p in head.parameters():  # larger activations: a misplaced SiLU cannot hide
+        p.data.mul_(2.0)
+    fused = th.TritonHead(head)
+    with torch.inference_mode():
+        z = torch.randn(2, 6, 9)
+        close(fused(z), head(z), (i, "full"))
+        steps, out = 14, 5 * hop
+        x, valid = torch.randn(3, steps, 6) * 3, torch.tensor([steps, 9, 4])
+        tail = fused.decode_tail(x, valid, out)
+        for b, v in enumerate(valid.tolist()):
+            want = head(x[b : b + 1, steps - v :].transpose(1, 2))[0, 0]
+            n = min(out, want.shape[0])
+            close(tail[b, out - n :], want[-n:], (i, "tail", b))
+        blocks, th._blocks = th._blocks, lambda c_in, c_out, e: (16, 16, 16, 4)
+        for wanted in ([out, 2 * hop - 1, 0], [1, out, 3]):
+            table = torch.from_numpy(fused.skip_rows(out, steps, wanted))
+            part = fused.decode_tail(x, valid, out, table)
+            for b, n in enumerate(wanted):
+                if n:
+                    close(part[b, out - n :], tail[b, out - n :], (i, "skip", wanted, b))
+        th._blocks = blocks
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not triton_head_available(), reason="Triton is not installed")
+def test_head_configs_with_identity_resblocks_match_in_the_interpreter() -> None:
+    """Identity ResBlocks first or in the middle, a single ResBlock, odd channels and no
+    stage: the whole and the trimmed decode (right-aligned items, skipped tiles, unwritten
+    memory NaN) give the PyTorch head's samples."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", ADVERSARIAL_HEAD_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok")
