@@ -166,7 +166,18 @@ print("max diff", diff)
 """
 
 
-def run_parity(device: str, batch: bool, env: dict[str, str] | None = None) -> None:
+def run_script(script: str, interpret: bool, timeout: float = 600) -> str:
+    """Run `script` in a fresh Python (with Triton's CPU interpreter if `interpret`), assert
+    it exited 0, and return its stdout."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"} if interpret else None
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def run_parity(device: str, batch: bool, interpret: bool = False) -> None:
     names = (
         ("codes_batch", "feature_lengths_batch", "waveform_batch")
         if batch
@@ -175,15 +186,12 @@ def run_parity(device: str, batch: bool, env: dict[str, str] | None = None) -> N
     script = PARITY_SCRIPT.format(
         tiny=str(TINY), device=device, codes=names[0], lengths=names[1], wave=names[2]
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_script(script, interpret)
 
 
 @pytest.mark.skipif(not triton_head_available(), reason="Triton is not installed")
 def test_triton_head_matches_reference_in_the_interpreter() -> None:
-    run_parity("cpu", batch=False, env={**os.environ, "TRITON_INTERPRET": "1"})
+    run_parity("cpu", batch=False, interpret=True)
 
 
 ODD_HEAD_SCRIPT = """
@@ -210,15 +218,7 @@ assert diff < 1e-5, diff
 def test_odd_head_shapes_match_in_the_interpreter() -> None:
     """Channels that are not powers of two, kernels not a multiple of the stride, and a
     ResBlock without dilations (the identity, still counted in the mean)."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", ODD_HEAD_SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_script(ODD_HEAD_SCRIPT, interpret=True, timeout=300)
 
 
 @pytest.mark.gpu
@@ -443,13 +443,8 @@ print("ok")
 def test_trimmed_decode_matches_the_full_decode_in_the_interpreter() -> None:
     """The trimmed ("tail") decode at every level (one conv, the head, the generator, the
     runner) computes exactly the samples of the untrimmed decode."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
     script = TAIL_SCRIPT.replace("TINY_DIR", repr(str(TINY)))
-    result = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().endswith("ok")
+    assert run_script(script, interpret=True).strip().endswith("ok")
 
 
 ADVERSARIAL_HEAD_SCRIPT = """
@@ -510,13 +505,4 @@ def test_head_configs_with_identity_resblocks_match_in_the_interpreter() -> None
     """Identity ResBlocks first or in the middle, a single ResBlock, odd channels and no
     stage: the whole and the trimmed decode (right-aligned items, skipped tiles, unwritten
     memory NaN) give the PyTorch head's samples."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", ADVERSARIAL_HEAD_SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().endswith("ok")
+    assert run_script(ADVERSARIAL_HEAD_SCRIPT, interpret=True, timeout=300).strip().endswith("ok")

@@ -465,10 +465,9 @@ class TritonHead:
         """
         x = calls.conv(x, self.pre, silu_in=False, silu_out=True)
         for stage in self.stages:
-            rows = calls.peek(x)
-            raw, act = _conv_act(calls, x, stage.up, rows)
+            raw, act = _conv_act(calls, x, stage.up)
             calls.rate *= stage.up.upsample
-            shape = (x.shape[0], rows * stage.up.upsample, -1)
+            shape = (x.shape[0], raw.shape[1] * stage.up.upsample, -1)
             x = _parallel_block(raw.view(shape), act.view(shape), stage, calls)
         return calls.conv(x, self.post, silu_in=False, tanh_out=True)
 
@@ -681,11 +680,11 @@ def _block_plan(
 
 
 def _conv_act(
-    calls: _FullCalls | _TailCalls, x: Tensor, conv: PackedConv, out_len: int, **kw: Any
+    calls: _FullCalls | _TailCalls, x: Tensor, conv: PackedConv, **kw: Any
 ) -> tuple[Tensor, Tensor]:
     """The next convolution of `calls` on `x` (no SiLU on load) -> (result, SiLU of it), both
-    ``(B, out_len, C_out)``; `out_len` must be the convolution's planned output steps."""
-    act = x.new_empty((x.shape[0], out_len, conv.weight.shape[2]))
+    ``(B, T_out, C_out)`` with ``T_out`` the convolution's output steps (`calls.peek`)."""
+    act = x.new_empty((x.shape[0], calls.peek(x), conv.weight.shape[2]))
     return calls.conv(x, conv, silu_in=False, act_out=act, **kw), act
 
 
@@ -716,9 +715,9 @@ def _parallel_block(
         for i, (c1, c2) in enumerate(pairs):
             y_act = calls.conv(h_act, c1, silu_in=False, silu_out=True)
             if i < len(pairs) - 1:
-                h, h_act = _conv_act(calls, y_act, c2, calls.peek(y_act), residual=h)
+                h, h_act = _conv_act(calls, y_act, c2, residual=h)
                 continue
-            last = fused and r == len(resblocks) - 1
+            last = r == len(resblocks) - 1  # then `fused`: this ResBlock has convs
             total = calls.conv(
                 y_act,
                 c2,
