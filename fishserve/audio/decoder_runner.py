@@ -57,7 +57,7 @@ from torch import Tensor
 from fishserve.engine.busy_timer import BusyTimer
 from fishserve.engine.graph_decoder import graph_buckets
 from fishserve.engine.host_copy import ALIGN_BYTES, PinnedDownload, align_up, to_device
-from fishserve.engine.sm_partition import SMPartition, make_partition
+from fishserve.engine.sm_partition import SMPartition, SMPartitionError, make_partition
 from fishserve.models.firefly import FireflyConfig, FireflyGenerator
 from fishserve.models.firefly.triton_head import (
     TritonHead,
@@ -305,6 +305,8 @@ class DecoderRunner:
             :func:`resolve_kernels`); the CPU always runs the PyTorch head.
         num_sms: run on a partition of this many SMs (CUDA green context, see
             :mod:`fishserve.engine.sm_partition`); None: the decoder's stream may use every SM.
+        partition: run on this SM partition instead (e.g. the decoder's of
+            `make_disjoint_partitions`, disjoint from the engine's); not with `num_sms`.
         trim_context: with the Triton head, decode each job's context only as far as its new
             samples need it, keeping at most this many context frames per job (the chunk
             policy's context; module docstring); `frame_buckets` then count new frames.
@@ -312,7 +314,8 @@ class DecoderRunner:
 
     Raises:
         ValueError: bad ``kernels`` (see :func:`resolve_kernels`).
-        SMPartitionError: ``num_sms`` given but no such partition can be made (a ValueError).
+        SMPartitionError: ``num_sms`` given but no such partition can be made, or both
+            ``num_sms`` and ``partition`` (a ValueError).
 
     Attributes:
         kernels: the head's kernels in use, ``"triton"`` or ``"torch"``.
@@ -335,6 +338,7 @@ class DecoderRunner:
         kernels: str = "auto",
         num_sms: int | None = None,
         trim_context: int | None = None,
+        partition: SMPartition | None = None,
     ) -> None:
         self.decoder = decoder
         self.config = decoder.config
@@ -358,7 +362,9 @@ class DecoderRunner:
         )
         self.batch_buckets = decoder_batch_buckets(max_batch)
         self.frame_buckets = tuple(sorted(frame_buckets))
-        self.partition: SMPartition | None = None
+        if num_sms is not None and partition is not None:
+            raise SMPartitionError("give the decoder num_sms or a partition, not both")
+        self.partition = partition
         if num_sms is not None:
             self.partition = make_partition(self.device, num_sms)
         self.stream = self._make_stream() if cuda else None

@@ -243,6 +243,14 @@ def serve(
             "the engine's steps; none = all SMs.",
         ),
     ] = None,
+    engine_sms: Annotated[
+        int | None,
+        _setting(
+            "engine_sms",
+            "Run the engine's steps on this many SMs, disjoint from the decoder's (which gets "
+            "--decoder-sms of the others, default all); none = every SM. Needs cuda-bindings.",
+        ),
+    ] = None,
     max_reference_seconds: Annotated[
         float | None, _setting("max_reference_seconds", "Longest reference audio (s).")
     ] = None,

@@ -167,8 +167,16 @@ class LLMEngine:
     """Continuous-batching generation over the DualAR model (see module docstring)."""
 
     def __init__(
-        self, model: DualARTransformer, tokenizer: FishTokenizer, config: EngineConfig | None = None
+        self,
+        model: DualARTransformer,
+        tokenizer: FishTokenizer,
+        config: EngineConfig | None = None,
+        step_stream: torch.cuda.Stream | None = None,
     ) -> None:
+        """Args: `step_stream`, the CUDA stream the steps run on (e.g. the engine's SM
+        partition, `fishserve.engine.sm_partition.make_disjoint_partitions`); None: the
+        runner's own. Raises ValueError: `step_stream` with a model not on CUDA (and see
+        `_plan_memory`)."""
         self.model = model
         self.tokenizer = tokenizer
         self.config = config = config or EngineConfig()
@@ -199,6 +207,7 @@ class LLMEngine:
             config.static_prefill_tokens,
             ASYNC_STEP_STREAM_PRIORITY if config.async_scheduling else STEP_STREAM_PRIORITY,
             config.compile_fast_transformer,
+            step_stream,
         )
         self.sequences: dict[str, Sequence] = {}
         self.frames_generated = 0

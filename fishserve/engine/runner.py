@@ -189,6 +189,8 @@ class ModelRunner:
         top_k_prefilter: candidates for the slow token's top-p (`sample_prefiltered`); 0: a
             full sort. Rows it cannot decide are resampled exactly.
         stream_priority: CUDA stream priority of the steps (`STEP_STREAM_PRIORITY`).
+        stream: the CUDA stream the steps run on (e.g. an SM partition's,
+            `fishserve.engine.sm_partition`); None: a new one of `stream_priority`.
         compile_fast_transformer: run each step's second half (fast transformer and codebook
             sampling) as one torch.compile graph on CUDA (`sample_codebooks_compiled`);
             ignored with `enforce_eager`.
@@ -205,6 +207,7 @@ class ModelRunner:
         static_prefill_tokens: int = 0,
         stream_priority: int = STEP_STREAM_PRIORITY,
         compile_fast_transformer: bool = False,
+        stream: torch.cuda.Stream | None = None,
     ) -> None:
         self.model = model
         self.compile_codes = compile_fast_transformer and not enforce_eager
@@ -232,7 +235,11 @@ class ModelRunner:
         # Steps run on a high-priority stream: the decoder's long convolution kernels (on its
         # own default-priority stream) would otherwise hold the SMs while each of a step's
         # ~1,000 short kernels waits its turn. A graph replays at its stream's priority.
-        self.stream = torch.cuda.Stream(self.device, priority=stream_priority) if on_gpu else None
+        if stream is not None and not on_gpu:
+            raise ValueError(f"a CUDA stream for the steps needs a CUDA model, not {self.device}")
+        if on_gpu and stream is None:
+            stream = torch.cuda.Stream(self.device, priority=stream_priority)
+        self.stream = stream
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))  # start-up work
         # Frames reach the host through pinned memory: a pageable copy blocked the decoder

@@ -11,14 +11,27 @@ and leave the rest free for the engine's kernels whenever it is busy.
 The driver hands out SMs in groups (8 on Hopper, 2-4 on earlier GPUs: "SM resource
 granularity" in the CUDA driver API's green-context docs), so a requested count may be rounded
 up to the next group.
+
+PyTorch's `GreenContext.create(num_sms=N)` always takes the first group of N SMs, so two such
+contexts overlap. `make_disjoint_partitions` splits the SMs once through the driver API
+(`cuDevSmResourceSplitByCount`, from NVIDIA's `cuda-bindings` package) and gives the engine's
+steps and the decoder disjoint sets: on an H200, a batch-256 step beside back-to-back decoder
+calls took 11.2 ms on 56 SMs of its own against 13.2 ms on every SM (10.3 ms alone, on 56 SMs
+or on all: the step is set by its ~1,100 short kernels, not by SM count; docs/benchmarks.md
+§6.20). A CUDA graph launched on a green context's stream runs on that context's SMs.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 class SMPartitionError(ValueError):
@@ -42,7 +55,7 @@ class SMPartition:
     num_sms: int
     total_sms: int
     stream: torch.cuda.Stream
-    context: Any  # torch.cuda.green_contexts.GreenContext
+    context: Any  # torch.cuda.green_contexts.GreenContext, or the driver handles kept alive
 
 
 def device_sm_count(device: torch.device) -> int:
@@ -104,3 +117,174 @@ def _green_contexts_supported() -> bool:
     except ImportError:
         return False
     return bool(getattr(green_contexts, "SUPPORTED", False))
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """Which groups of one SM split go to the engine and to the decoder.
+
+    Attributes:
+        engine: indices of the engine's groups (the first ones).
+        decoder: indices of the decoder's groups (the ones after the engine's).
+        remainder: whether the decoder also takes the split's remainder (the SMs no group
+            holds: 12 of an H200's 132 in groups of 8).
+    """
+
+    engine: tuple[int, ...]
+    decoder: tuple[int, ...]
+    remainder: bool
+
+
+def plan_disjoint_groups(
+    group_sms: int, groups: int, engine_sms: int, decoder_sms: int | None
+) -> GroupPlan:
+    """Split `groups` groups of `group_sms` SMs each between the engine and the decoder.
+
+    The engine takes the first ceil(`engine_sms` / `group_sms`) groups; the decoder the next
+    ceil(`decoder_sms` / `group_sms`), or, with `decoder_sms` None, every other group and the
+    remainder.
+
+    Raises:
+        SMPartitionError: a count below 1, the engine taking every group, or the two asking
+            for more groups than there are.
+    """
+    if engine_sms < 1 or (decoder_sms is not None and decoder_sms < 1):
+        raise SMPartitionError(
+            f"engine_sms and decoder_sms must be >= 1, got {engine_sms} and {decoder_sms}"
+        )
+    n_engine = math.ceil(engine_sms / group_sms)
+    n_decoder = groups - n_engine if decoder_sms is None else math.ceil(decoder_sms / group_sms)
+    if n_engine >= groups or n_engine + n_decoder > groups:
+        wanted = "every other SM" if decoder_sms is None else f"{n_decoder * group_sms} SMs"
+        raise SMPartitionError(
+            f"engine_sms {engine_sms} ({n_engine * group_sms} SMs in groups of {group_sms}) "
+            f"leaves no room for the decoder's {wanted}: the driver splits this GPU into "
+            f"{groups} groups of {group_sms} SMs"
+        )
+    engine = tuple(range(n_engine))
+    return GroupPlan(engine, tuple(range(n_engine, n_engine + n_decoder)), decoder_sms is None)
+
+
+def make_disjoint_partitions(
+    device: torch.device, engine_sms: int, decoder_sms: int | None, engine_priority: int = 0
+) -> tuple[SMPartition, SMPartition]:
+    """Green contexts on disjoint SMs for the engine's steps and for the decoder, and a stream
+    of each (made on the first call, the same ones after: see `SMPartition`).
+
+    The driver splits the device's SMs into equal groups (its minimum partition size, 8 on
+    Hopper); see `plan_disjoint_groups` for who gets which. `num_sms` of each partition is the
+    count it got, which may exceed the one asked for.
+
+    Args:
+        device: a CUDA device.
+        engine_sms: SMs for the engine's steps (rounded up to whole groups).
+        decoder_sms: SMs for the decoder (rounded up); None: all SMs the engine leaves.
+        engine_priority: CUDA priority of the engine's stream (lower is higher).
+
+    Returns:
+        (engine partition, decoder partition).
+
+    Raises:
+        SMPartitionError: not a CUDA device, the counts do not fit (`plan_disjoint_groups`),
+            the `cuda-bindings` package is missing, or the driver refuses (green contexts need
+            CUDA 12.4+).
+    """
+    if device.type != "cuda":
+        raise SMPartitionError(f"an SM partition needs a CUDA device, not {device}")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, "disjoint", engine_sms, decoder_sms)
+    if key in _DISJOINT:
+        return _DISJOINT[key]
+    driver = _driver()
+    _make_current(device)
+    cu_device = _ok(driver, driver.cuDeviceGet(index), "cuDeviceGet")
+    sm_type = driver.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM
+    whole = _ok(driver, driver.cuDeviceGetDevResource(cu_device, sm_type), "get SMs")
+    group_sms = max(int(getattr(whole.sm, "minSmPartitionSize", 0) or 0), DEFAULT_GROUP_SMS)
+    split = driver.cuDevSmResourceSplitByCount(whole.sm.smCount // group_sms, whole, 0, group_sms)
+    groups, count, remainder = _ok(driver, split, "cuDevSmResourceSplitByCount")
+    plan = plan_disjoint_groups(group_sms, int(count), engine_sms, decoder_sms)
+    total = int(whole.sm.smCount)
+    engine = _green_partition(
+        driver, cu_device, [groups[i] for i in plan.engine], total, engine_priority, device
+    )
+    picked = [groups[i] for i in plan.decoder]
+    extra = remainder if plan.remainder and int(remainder.sm.smCount) > 0 else None
+    decoder = _decoder_partition(driver, cu_device, picked, extra, total, device)
+    _DISJOINT[key] = (engine, decoder)
+    return engine, decoder
+
+
+# Minimum SMs per group asked of the driver where it does not say (its granularity on
+# Hopper; a multiple of every earlier GPU's).
+DEFAULT_GROUP_SMS = 8
+_DISJOINT: dict[tuple[int, str, int, int | None], tuple[SMPartition, SMPartition]] = {}
+
+
+def _driver() -> Any:
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:
+        raise SMPartitionError(
+            "engine_sms needs NVIDIA's cuda-bindings package for the driver's SM split "
+            "(pip install cuda-bindings, the version matching the CUDA driver)"
+        ) from exc
+    return driver
+
+
+def _ok(driver: Any, result: Sequence[Any], what: str) -> Any:
+    """The values of a `cuda.bindings` call (its first item is the CUresult).
+
+    Raises:
+        SMPartitionError: the call failed.
+    """
+    if result[0] != driver.CUresult.CUDA_SUCCESS:
+        raise SMPartitionError(f"{what} failed: {result[0]!r}")
+    return result[1] if len(result) == 2 else tuple(result[1:])
+
+
+def _decoder_partition(
+    driver: Any,
+    cu_device: Any,
+    groups: list[Any],
+    remainder: Any | None,
+    total: int,
+    device: torch.device,
+) -> SMPartition:
+    """The decoder's partition: `groups` and, where the driver accepts the mix, `remainder`."""
+    if remainder is not None:
+        try:
+            return _green_partition(driver, cu_device, [*groups, remainder], total, 0, device)
+        except SMPartitionError:  # a driver that will not mix groups and the remainder
+            log.info("the decoder's SMs leave out the split's remainder (the driver refused)")
+    return _green_partition(driver, cu_device, groups, total, 0, device)
+
+
+def _green_partition(
+    driver: Any,
+    cu_device: Any,
+    resources: list[Any],
+    total: int,
+    priority: int,
+    device: torch.device,
+) -> SMPartition:
+    """A green context of `resources` (SM groups of one split) and a stream of it."""
+    desc = _ok(driver, driver.cuDevResourceGenerateDesc(resources, len(resources)), "descriptor")
+    flags = driver.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
+    context = _ok(driver, driver.cuGreenCtxCreate(desc, cu_device, flags), "cuGreenCtxCreate")
+    non_blocking = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
+    handle = _ok(driver, driver.cuGreenCtxStreamCreate(context, non_blocking, priority), "stream")
+    pointer = int(handle) if hasattr(handle, "__int__") else int(handle.getPtr())
+    stream = _external_stream(pointer, device)
+    sms = sum(int(r.sm.smCount) for r in resources)
+    return SMPartition(sms, total, stream, (desc, context, handle))
+
+
+def _make_current(device: torch.device) -> None:
+    """Initialise PyTorch's CUDA context on `device` (the driver calls need one current)."""
+    torch.zeros(1, device=device)
+
+
+def _external_stream(pointer: int, device: torch.device) -> torch.cuda.Stream:
+    """PyTorch's handle of a stream made through the driver (`pointer`: its CUstream)."""
+    return torch.cuda.ExternalStream(pointer, device=device)

@@ -128,6 +128,10 @@ class ServerConfig(BaseModel):
     # Run the decoder on this many of the GPU's SMs (a CUDA green context), leaving the rest to
     # the engine's kernels while it is busy; None: the decoder may use every SM.
     decoder_sms: int | None = Field(None, ge=1)
+    # Run the engine's steps on this many SMs (a green context) disjoint from the decoder's,
+    # which then gets decoder_sms of the others (None: all of them); None: the steps may use
+    # every SM, the decoder's included. Needs NVIDIA's cuda-bindings package.
+    engine_sms: int | None = Field(None, ge=1)
     max_reference_seconds: float = Field(30.0, gt=0, allow_inf_nan=False)
     # HTTP
     host: str = "127.0.0.1"
@@ -162,6 +166,7 @@ class ServerConfig(BaseModel):
         "default_max_new_tokens",
         "first_chunk_deadline",
         "decoder_sms",
+        "engine_sms",
         "max_decoder_lag",
         "early_chunk_margin",
         "decoder_batch_wait",

@@ -180,6 +180,7 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
     model["async_scheduling"] = config.async_scheduling
     model["compile_fast_transformer"] = config.compile_fast_transformer
     model["decoder_sms"] = info.decoder_sms
+    model["engine_sms"] = info.engine_sms
     report = {
         "status": status,
         "loaded": True,

@@ -31,7 +31,9 @@ from fishserve.engine.async_engine import AsyncEngine
 from fishserve.engine.engine import EngineConfig, EngineStats, GenerationRequest, LLMEngine
 from fishserve.engine.gpu_turns import GpuTurns
 from fishserve.engine.memory import configure_cuda_allocator
+from fishserve.engine.runner import ASYNC_STEP_STREAM_PRIORITY, STEP_STREAM_PRIORITY
 from fishserve.engine.sizes import parse_memory_size
+from fishserve.engine.sm_partition import SMPartition, make_disjoint_partitions
 from fishserve.engine.step_profiler import StepProfiler
 from fishserve.engine.warmup import warm_up_general_path
 from fishserve.models.firefly import FireflyGenerator
@@ -66,6 +68,8 @@ class RuntimeInfo:
         gpu_sharing: ``overlap`` or ``turns`` (how engine steps and decoder calls share the
             GPU; `ServerConfig.gpu_sharing`).
         decoder_sms: SMs of the decoder's partition (`ServerConfig.decoder_sms`); None: all.
+        engine_sms: SMs of the engine's partition (`ServerConfig.engine_sms`, disjoint from
+            the decoder's); None: all.
     """
 
     sample_rate: int
@@ -77,6 +81,7 @@ class RuntimeInfo:
     decoder_kernels: str = "torch"
     gpu_sharing: str = "overlap"
     decoder_sms: int | None = None
+    engine_sms: int | None = None
 
 
 @dataclass
@@ -180,6 +185,7 @@ class Runtime:
     chunk_policy: ChunkPolicy
     device: torch.device
     weight_dtype: torch.dtype
+    engine_sms: int | None = None  # SMs of the engine's partition (setting engine_sms)
     first_chunk_deadline: float | None = None  # seconds after arrival (ServerConfig)
     early_chunk_margin: float = EARLY_CHUNK_S  # seconds (ServerConfig)
     gil_probe: GilProbe | None = None  # ServerConfig.gil_probe
@@ -212,6 +218,7 @@ class Runtime:
             decoder_kernels=self.decode_worker.runner.kernels,
             gpu_sharing="overlap" if self.decode_worker.gpu_turns is None else "turns",
             decoder_sms=None if partition is None else partition.num_sms,
+            engine_sms=self.engine_sms,
         )
 
     @property
@@ -349,8 +356,9 @@ def check_settings(config: ServerConfig) -> None:
     device = resolve_device(config.device)
     resolve_kernels(config.decoder_kernels, device, capability=False)  # no CUDA context here
     StepProfiler.from_env()  # bad profiler variables fail here, before anything loads
-    if config.decoder_sms is not None and device.type != "cuda":
-        raise ValueError(f"decoder_sms needs a CUDA device, but the device is {device}")
+    for name in ("decoder_sms", "engine_sms"):
+        if getattr(config, name) is not None and device.type != "cuda":
+            raise ValueError(f"{name} needs a CUDA device, but the device is {device}")
     if config.async_scheduling and config.gpu_sharing == "turns":
         raise ValueError(
             "async_scheduling needs gpu_sharing overlap: with turns each step waits for its "
@@ -393,6 +401,31 @@ def build_runtime(config: ServerConfig) -> ServingRuntime:
         GC_PAUSES.install()
         return remote
     return build_local_runtime(config)
+
+
+def sm_partitions(
+    config: ServerConfig, device: torch.device
+) -> tuple[SMPartition | None, SMPartition | None]:
+    """The engine's and the decoder's SM partitions for setting `engine_sms` (disjoint, see
+    `make_disjoint_partitions`); (None, None) without it (the decoder's runner then makes its
+    own from `decoder_sms`, if set).
+
+    Raises:
+        SMPartitionError: the partitions cannot be made (a ValueError).
+    """
+    if config.engine_sms is None:
+        return None, None
+    priority = ASYNC_STEP_STREAM_PRIORITY if config.async_scheduling else STEP_STREAM_PRIORITY
+    engine, decoder = make_disjoint_partitions(
+        device, config.engine_sms, config.decoder_sms, priority
+    )
+    log.info(
+        "engine steps on %d SMs, the decoder on %d others (of %d)",
+        engine.num_sms,
+        decoder.num_sms,
+        engine.total_sms,
+    )
+    return engine, decoder
 
 
 def build_local_runtime(config: ServerConfig) -> Runtime:
@@ -440,6 +473,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
     )
     policy = ChunkPolicy(config.first_chunk_frames, config.chunk_frames, config.chunk_growth)
     budget = parse_memory_size(config.gpu_memory_budget) if config.gpu_memory_budget else None
+    engine_partition, decoder_partition = sm_partitions(config, device)
     engine = LLMEngine(
         model,
         tokenizer,
@@ -462,6 +496,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
                 graphs=device.type == "cuda" and not config.enforce_eager,
             ),
         ),
+        None if engine_partition is None else engine_partition.stream,
     )
     if device.type == "cuda":  # its first use under load compiled kernels (engine/warmup.py)
         seconds = warm_up_general_path(engine)
@@ -483,7 +518,8 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
                 use_graphs=not config.enforce_eager,
                 compile=config.decoder_compile,
                 kernels=config.decoder_kernels,
-                num_sms=config.decoder_sms,
+                num_sms=config.decoder_sms if decoder_partition is None else None,
+                partition=decoder_partition,
             ),
             gpu_turns=turns,
             batch_wait=config.decoder_batch_wait,
@@ -496,6 +532,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
         stateful_decoder=device.type == "cpu",
         device=device,
         weight_dtype=weight_dtype,
+        engine_sms=None if engine_partition is None else engine_partition.num_sms,
     )
     freeze_after_startup()  # before the threads start: nothing of theirs is frozen in passing
     GC_PAUSES.install()

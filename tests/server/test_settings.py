@@ -154,10 +154,13 @@ def test_optional_numbers_take_none_and_refuse_on_off(tmp_path):
     yaml_file = tmp_path / "serve.yaml"
     yaml_file.write_text("decoder_sms: 96\nthreads: null\n")
     assert ServerConfig.load(yaml_file, environ={}).decoder_sms == 96
-    for word in ("on", "true", "off"):
-        yaml_file.write_text(f"decoder_sms: {word}\n")
-        with pytest.raises(ValueError, match=r"decoder_sms = .*not on/off or true/false"):
-            ServerConfig.load(yaml_file, environ={})
+    for name in ("decoder_sms", "engine_sms"):
+        for word in ("on", "true", "off"):
+            yaml_file.write_text(f"{name}: {word}\n")
+            with pytest.raises(ValueError, match=rf"{name} = .*not on/off or true/false"):
+                ServerConfig.load(yaml_file, environ={})
+    assert ServerConfig.load(environ={"FISHSERVE_ENGINE_SMS": "none"}).engine_sms is None
+    assert ServerConfig.load(environ={"FISHSERVE_ENGINE_SMS": "56"}).engine_sms == 56
 
 
 @pytest.mark.parametrize("name", ["early_chunk_margin", "decoder_batch_wait", "max_decoder_lag"])

@@ -90,6 +90,11 @@ TRITON_ON_CPU = pytest.param(
         ),
         ([*TINY, "--decoder-sms", "0"], "decoder_sms = 0 (from --decoder-sms)"),
         (
+            [*TINY, "--device", "cpu", "--engine-sms", "56"],
+            "engine_sms needs a CUDA device, but the device is cpu",
+        ),
+        ([*TINY, "--engine-sms", "0"], "engine_sms = 0 (from --engine-sms)"),
+        (
             [*TINY, "--async-scheduling", "--gpu-sharing", "turns"],
             "async_scheduling needs gpu_sharing overlap",
         ),
@@ -138,6 +143,7 @@ def test_models_are_built_before_the_server_listens(tmp_path, monkeypatch):
             health = client.get("/health").json()
         assert health["loaded"] and health["model"]["load_format"] == "dummy"
         assert health["model"]["decoder_kernels"] == "torch"  # the CPU's head
+        assert health["model"]["engine_sms"] is None and health["model"]["decoder_sms"] is None
 
     monkeypatch.setattr(runtime_module, "build_runtime", counting_build)
     monkeypatch.setattr(uvicorn, "run", run)
