@@ -314,8 +314,8 @@ class DecoderRunner:
 
     Raises:
         ValueError: bad ``kernels`` (see :func:`resolve_kernels`).
-        SMPartitionError: ``num_sms`` given but no such partition can be made, or both
-            ``num_sms`` and ``partition`` (a ValueError).
+        SMPartitionError: ``num_sms`` given but no such partition can be made, both
+            ``num_sms`` and ``partition``, or ``partition`` off CUDA (a ValueError).
 
     Attributes:
         kernels: the head's kernels in use, ``"triton"`` or ``"torch"``.
@@ -364,6 +364,8 @@ class DecoderRunner:
         self.frame_buckets = tuple(sorted(frame_buckets))
         if num_sms is not None and partition is not None:
             raise SMPartitionError("give the decoder num_sms or a partition, not both")
+        if partition is not None and not cuda:
+            raise SMPartitionError(f"an SM partition needs a CUDA decoder, not {self.device}")
         self.partition = partition
         if num_sms is not None:
             self.partition = make_partition(self.device, num_sms)

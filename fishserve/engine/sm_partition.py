@@ -155,10 +155,10 @@ def plan_disjoint_groups(
     n_engine = math.ceil(engine_sms / group_sms)
     n_decoder = groups - n_engine if decoder_sms is None else math.ceil(decoder_sms / group_sms)
     if n_engine >= groups or n_engine + n_decoder > groups:
-        wanted = "every other SM" if decoder_sms is None else f"{n_decoder * group_sms} SMs"
+        wanted = "none left" if decoder_sms is None else f"{n_decoder * group_sms} asked"
         raise SMPartitionError(
             f"engine_sms {engine_sms} ({n_engine * group_sms} SMs in groups of {group_sms}) "
-            f"leaves no room for the decoder's {wanted}: the driver splits this GPU into "
+            f"leaves too few SMs for the decoder ({wanted}): the driver splits this GPU into "
             f"{groups} groups of {group_sms} SMs"
         )
     engine = tuple(range(n_engine))
@@ -171,9 +171,9 @@ def make_disjoint_partitions(
     """Green contexts on disjoint SMs for the engine's steps and for the decoder, and a stream
     of each (made on the first call, the same ones after: see `SMPartition`).
 
-    The driver splits the device's SMs into equal groups (its minimum partition size, 8 on
-    Hopper); see `plan_disjoint_groups` for who gets which. `num_sms` of each partition is the
-    count it got, which may exceed the one asked for.
+    The driver splits the device's SMs into equal groups (at least its minimum partition
+    size, 8 on Hopper; it may make them larger); see `plan_disjoint_groups` for who gets
+    which. `num_sms` of each partition is the count it got, which may exceed the one asked for.
 
     Args:
         device: a CUDA device.
@@ -186,39 +186,49 @@ def make_disjoint_partitions(
 
     Raises:
         SMPartitionError: not a CUDA device, the counts do not fit (`plan_disjoint_groups`),
-            the `cuda-bindings` package is missing, or the driver refuses (green contexts need
+            another split already made on this device (its SMs would overlap these), the
+            `cuda-bindings` package is missing, or the driver refuses (green contexts need
             CUDA 12.4+).
     """
     if device.type != "cuda":
         raise SMPartitionError(f"an SM partition needs a CUDA device, not {device}")
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, "disjoint", engine_sms, decoder_sms)
-    if key in _DISJOINT:
-        return _DISJOINT[key]
+    asked = (engine_sms, decoder_sms, engine_priority)
+    if index in _DISJOINT:
+        made, partitions = _DISJOINT[index]
+        if made != asked:
+            raise SMPartitionError(
+                f"cuda:{index} is already split for (engine_sms, decoder_sms, priority) {made}; "
+                f"a second split {asked} would overlap it"
+            )
+        return partitions
     driver = _driver()
     _make_current(device)
     cu_device = _ok(driver, driver.cuDeviceGet(index), "cuDeviceGet")
-    sm_type = driver.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM
-    whole = _ok(driver, driver.cuDeviceGetDevResource(cu_device, sm_type), "get SMs")
-    group_sms = max(int(getattr(whole.sm, "minSmPartitionSize", 0) or 0), DEFAULT_GROUP_SMS)
-    split = driver.cuDevSmResourceSplitByCount(whole.sm.smCount // group_sms, whole, 0, group_sms)
-    groups, count, remainder = _ok(driver, split, "cuDevSmResourceSplitByCount")
-    plan = plan_disjoint_groups(group_sms, int(count), engine_sms, decoder_sms)
+    whole, groups, remainder = _split(driver, cu_device)
+    group_sms = int(groups[0].sm.smCount)
+    plan = plan_disjoint_groups(group_sms, len(groups), engine_sms, decoder_sms)
     total = int(whole.sm.smCount)
-    engine = _green_partition(
-        driver, cu_device, [groups[i] for i in plan.engine], total, engine_priority, device
-    )
+    engine_desc = _descriptor(driver, [groups[i] for i in plan.engine])
+    engine = _green_partition(driver, cu_device, engine_desc, total, engine_priority, device)
     picked = [groups[i] for i in plan.decoder]
-    extra = remainder if plan.remainder and int(remainder.sm.smCount) > 0 else None
-    decoder = _decoder_partition(driver, cu_device, picked, extra, total, device)
-    _DISJOINT[key] = (engine, decoder)
+    desc = None
+    if plan.remainder and int(remainder.sm.smCount) > 0:
+        try:
+            desc = _descriptor(driver, [*picked, remainder])
+        except SMPartitionError as exc:  # not of the groups' alignment or locality
+            log.warning("the decoder's SMs leave out the driver's remainder: %s", exc)
+    desc = desc if desc is not None else _descriptor(driver, picked)
+    decoder = _green_partition(driver, cu_device, desc, total, 0, device)
+    _DISJOINT[index] = (asked, (engine, decoder))
     return engine, decoder
 
 
 # Minimum SMs per group asked of the driver where it does not say (its granularity on
 # Hopper; a multiple of every earlier GPU's).
 DEFAULT_GROUP_SMS = 8
-_DISJOINT: dict[tuple[int, str, int, int | None], tuple[SMPartition, SMPartition]] = {}
+# Per device index: what was asked (engine_sms, decoder_sms, priority) and the partitions.
+_DISJOINT: dict[int, tuple[tuple[int, int | None, int], tuple[SMPartition, SMPartition]]] = {}
 
 
 def _driver() -> Any:
@@ -243,41 +253,43 @@ def _ok(driver: Any, result: Sequence[Any], what: str) -> Any:
     return result[1] if len(result) == 2 else tuple(result[1:])
 
 
-def _decoder_partition(
-    driver: Any,
-    cu_device: Any,
-    groups: list[Any],
-    remainder: Any | None,
-    total: int,
-    device: torch.device,
-) -> SMPartition:
-    """The decoder's partition: `groups` and, where the driver accepts the mix, `remainder`."""
-    if remainder is not None:
-        try:
-            return _green_partition(driver, cu_device, [*groups, remainder], total, 0, device)
-        except SMPartitionError:  # a driver that will not mix groups and the remainder
-            log.info("the decoder's SMs leave out the split's remainder (the driver refused)")
-    return _green_partition(driver, cu_device, groups, total, 0, device)
+def _split(driver: Any, cu_device: Any) -> tuple[Any, list[Any], Any]:
+    """(the device's SM resource, its groups of equal size, the remainder) from one split.
+
+    Raises:
+        SMPartitionError: a failing call, no group, or groups of unequal sizes.
+    """
+    whole = _ok(driver, driver.cuDeviceGetDevResource(cu_device, _sm_type(driver)), "get SMs")
+    least = max(int(getattr(whole.sm, "minSmPartitionSize", 0) or 0), DEFAULT_GROUP_SMS)
+    split = driver.cuDevSmResourceSplitByCount(int(whole.sm.smCount) // least, whole, 0, least)
+    groups, count, remainder = _ok(driver, split, "cuDevSmResourceSplitByCount")
+    groups = list(groups)[: int(count)]  # the entries past `count` are left empty
+    sizes = {int(g.sm.smCount) for g in groups}
+    if not groups or len(sizes) != 1:
+        raise SMPartitionError(f"the driver split the SMs into groups of sizes {sorted(sizes)}")
+    return whole, groups, remainder
+
+
+def _descriptor(driver: Any, resources: list[Any]) -> Any:
+    """A resource descriptor of `resources` (SM groups of one split)."""
+    return _ok(driver, driver.cuDevResourceGenerateDesc(resources, len(resources)), "descriptor")
 
 
 def _green_partition(
-    driver: Any,
-    cu_device: Any,
-    resources: list[Any],
-    total: int,
-    priority: int,
-    device: torch.device,
+    driver: Any, cu_device: Any, desc: Any, total: int, priority: int, device: torch.device
 ) -> SMPartition:
-    """A green context of `resources` (SM groups of one split) and a stream of it."""
-    desc = _ok(driver, driver.cuDevResourceGenerateDesc(resources, len(resources)), "descriptor")
+    """A green context of the resources in `desc` and a stream of it."""
     flags = driver.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
     context = _ok(driver, driver.cuGreenCtxCreate(desc, cu_device, flags), "cuGreenCtxCreate")
+    sms = _ok(driver, driver.cuGreenCtxGetDevResource(context, _sm_type(driver)), "its SMs")
     non_blocking = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
     handle = _ok(driver, driver.cuGreenCtxStreamCreate(context, non_blocking, priority), "stream")
-    pointer = int(handle) if hasattr(handle, "__int__") else int(handle.getPtr())
-    stream = _external_stream(pointer, device)
-    sms = sum(int(r.sm.smCount) for r in resources)
-    return SMPartition(sms, total, stream, (desc, context, handle))
+    stream = _external_stream(int(handle), device)  # int(CUstream): the stream's address
+    return SMPartition(int(sms.sm.smCount), total, stream, (desc, context, handle))
+
+
+def _sm_type(driver: Any) -> Any:
+    return driver.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM
 
 
 def _make_current(device: torch.device) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -348,7 +349,7 @@ def check_settings(config: ServerConfig) -> None:
     Raises:
         ValueError: CUDA asked for but absent, a bad budget, a fraction of GPU memory on CPU,
             Triton decoder kernels where they cannot run, async_scheduling with gpu_sharing
-            turns, dummy_logits with real weights, bad
+            turns, dummy_logits with real weights, engine_sms without cuda-bindings, bad
             step-profiler variables (`StepProfiler.from_env`).
         FileNotFoundError: a checkpoint folder, decoder weights or decoder config is missing.
         ValueError: also `references_dir` exists but is not a folder.
@@ -359,6 +360,11 @@ def check_settings(config: ServerConfig) -> None:
     for name in ("decoder_sms", "engine_sms"):
         if getattr(config, name) is not None and device.type != "cuda":
             raise ValueError(f"{name} needs a CUDA device, but the device is {device}")
+    if config.engine_sms is not None and not cuda_bindings_installed():
+        raise ValueError(
+            "engine_sms needs NVIDIA's cuda-bindings package (pip install cuda-bindings, the "
+            "version matching the CUDA driver)"
+        )
     if config.async_scheduling and config.gpu_sharing == "turns":
         raise ValueError(
             "async_scheduling needs gpu_sharing overlap: with turns each step waits for its "
@@ -401,6 +407,14 @@ def build_runtime(config: ServerConfig) -> ServingRuntime:
         GC_PAUSES.install()
         return remote
     return build_local_runtime(config)
+
+
+def cuda_bindings_installed() -> bool:
+    """Whether NVIDIA's `cuda.bindings` can be imported (without importing it)."""
+    try:
+        return importlib.util.find_spec("cuda.bindings") is not None
+    except ModuleNotFoundError:  # no `cuda` package at all
+        return False
 
 
 def sm_partitions(

@@ -42,9 +42,9 @@ def test_plan_gives_the_engine_the_first_groups_and_the_decoder_the_rest() -> No
 @pytest.mark.parametrize(
     ("engine", "decoder", "message"),
     [
-        (120, None, "leaves no room for the decoder's every other SM"),
-        (200, None, "leaves no room"),
-        (64, 64, "leaves no room for the decoder's 64 SMs"),
+        (120, None, r"leaves too few SMs for the decoder \(none left\)"),
+        (200, None, "leaves too few SMs"),
+        (64, 64, r"leaves too few SMs for the decoder \(64 asked\)"),
         (0, None, "must be >= 1"),
         (8, 0, "must be >= 1"),
     ],
@@ -74,17 +74,31 @@ class FakeResource:
     ids: tuple[int, ...] = ()  # the SMs it holds (the fake's own bookkeeping)
 
 
+@dataclass(frozen=True)
+class FakeStream:
+    """Like `cuda.bindings.driver.CUstream`: int() gives the stream's address."""
+
+    address: int
+
+    def __int__(self) -> int:
+        return self.address
+
+
 @dataclass
 class FakeDriver:
     """The `cuda.bindings.driver` calls `make_disjoint_partitions` makes, on an H200's 132 SMs
-    split into 15 groups of 8 and a remainder of 12 (as the driver split them there)."""
+    split into 15 groups of 8 and a remainder of 12 (as the driver split them there). As the
+    real call, the split returns as many entries as asked for, those past its count empty."""
 
     total: int = 132
     groups: int = 15
+    group_sms: int = 8  # the driver may make groups larger than asked
+    min_partition: int = 0  # what the SM resource says (0: not given)
     mix_ok: bool = True  # accept a descriptor of groups and the remainder
     fail: str = ""  # the call to fail
     descs: list[list[FakeResource]] = field(default_factory=list)
     priorities: list[int] = field(default_factory=list)
+    asked_min: list[int] = field(default_factory=list)
 
     class CUresult:
         CUDA_SUCCESS = 0
@@ -107,22 +121,28 @@ class FakeDriver:
 
     def cuDeviceGetDevResource(self, device: str, kind: int) -> tuple[object, ...]:  # noqa: N802
         assert kind == self.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM
-        return self._result("get", FakeResource(FakeSM(self.total), tuple(range(self.total))))
+        whole = FakeResource(FakeSM(self.total, self.min_partition), tuple(range(self.total)))
+        return self._result("get", whole)
 
     def cuDevSmResourceSplitByCount(  # noqa: N802
         self, groups: int, whole: FakeResource, flags: int, min_count: int
     ) -> tuple[object, ...]:
-        assert groups == self.total // min_count and min_count == 8
+        assert groups == self.total // min_count
+        self.asked_min.append(min_count)
+        size = self.group_sms
         n = min(groups, self.groups)
-        made = [FakeResource(FakeSM(8), tuple(range(8 * i, 8 * i + 8))) for i in range(n)]
-        rest = tuple(range(8 * n, self.total))
+        made = [
+            FakeResource(FakeSM(size), tuple(range(size * i, size * i + size))) for i in range(n)
+        ]
+        made += [FakeResource(FakeSM(0)) for _ in range(groups - n)]
+        rest = tuple(range(size * n, self.total))
         return self._result("split", made, n, FakeResource(FakeSM(len(rest)), rest))
 
     def cuDevResourceGenerateDesc(  # noqa: N802
         self, resources: list[FakeResource], count: int
     ) -> tuple[object, ...]:
-        assert count == len(resources)
-        if not self.mix_ok and any(r.sm.smCount != 8 for r in resources):
+        assert count == len(resources) and all(r.sm.smCount for r in resources)
+        if not self.mix_ok and len({r.sm.smCount for r in resources}) > 1:
             return (self.CUresult.CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION, None)
         self.descs.append(list(resources))
         return self._result("desc", len(self.descs) - 1)
@@ -130,12 +150,18 @@ class FakeDriver:
     def cuGreenCtxCreate(self, desc: int, device: str, flags: int) -> tuple[object, ...]:  # noqa: N802
         return self._result("ctx", ("context", desc))
 
+    def cuGreenCtxGetDevResource(  # noqa: N802
+        self, context: tuple[str, int], kind: int
+    ) -> tuple[object, ...]:
+        held = sum(r.sm.smCount for r in self.descs[context[1]])
+        return self._result("its SMs", FakeResource(FakeSM(held)))
+
     def cuGreenCtxStreamCreate(  # noqa: N802
         self, context: tuple[str, int], flags: int, priority: int
     ) -> tuple[object, ...]:
         assert flags == self.CUstream_flags.CU_STREAM_NON_BLOCKING
         self.priorities.append(priority)
-        return self._result("stream", 1000 + context[1])
+        return self._result("stream", FakeStream(1000 + context[1]))
 
 
 @pytest.fixture
@@ -144,6 +170,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
     monkeypatch.setattr(sm_partition, "_driver", lambda: driver)
     monkeypatch.setattr(sm_partition, "_make_current", lambda device: None)
     monkeypatch.setattr(sm_partition, "_external_stream", lambda pointer, device: pointer)
+    assert sm_partition._external_stream is not None
     monkeypatch.setattr(sm_partition, "_DISJOINT", {})
     return driver
 
@@ -157,10 +184,23 @@ def test_the_engine_and_the_decoder_get_disjoint_sms(fake: FakeDriver) -> None:
     assert (engine.num_sms, decoder.num_sms, engine.total_sms) == (56, 76, 132)
     assert sms(fake, 0) == set(range(56)) and sms(fake, 1) == set(range(56, 132))
     assert (engine.stream, decoder.stream) == (1000, 1001)  # each its own context's stream
-    assert fake.priorities == [-1, 0]
+    assert fake.priorities == [-1, 0] and fake.asked_min == [8]
     # made once per process: the same partitions again, no new contexts
     assert make_disjoint_partitions(CUDA, 56, None, engine_priority=-1) == (engine, decoder)
     assert len(fake.descs) == 2
+    # a second, different split of the same device would overlap the first
+    for asked in [(48, None, -1), (56, 64, -1), (56, None, 0)]:
+        with pytest.raises(SMPartitionError, match="already split"):
+            make_disjoint_partitions(CUDA, *asked[:2], engine_priority=asked[2])
+
+
+def test_groups_are_counted_as_the_driver_made_them(fake: FakeDriver) -> None:
+    """The driver's minimum partition size is asked for; its groups may be larger."""
+    fake.min_partition, fake.group_sms, fake.groups = 16, 24, 5
+    engine, decoder = make_disjoint_partitions(CUDA, 30, None)
+    assert fake.asked_min == [16]
+    assert (engine.num_sms, decoder.num_sms) == (48, 132 - 48)  # 2 groups of 24; the rest
+    assert sms(fake, 0) == set(range(48)) and sms(fake, 1) == set(range(48, 132))
 
 
 def test_a_decoder_count_takes_whole_groups_after_the_engine(fake: FakeDriver) -> None:
@@ -177,7 +217,9 @@ def test_the_decoder_leaves_out_the_remainder_where_the_driver_refuses_it(
     assert decoder.num_sms == 64 and sms(fake, 1) == set(range(56, 120))
 
 
-@pytest.mark.parametrize("call", ["cuDeviceGet", "get", "split", "desc", "ctx", "stream"])
+@pytest.mark.parametrize(
+    "call", ["cuDeviceGet", "get", "split", "desc", "ctx", "its SMs", "stream"]
+)
 def test_a_failing_driver_call_is_a_partition_error(fake: FakeDriver, call: str) -> None:
     fake.fail = call
     with pytest.raises(SMPartitionError, match="failed"):
@@ -189,6 +231,19 @@ def test_counts_that_do_not_fit_the_split_are_refused(fake: FakeDriver) -> None:
         make_disjoint_partitions(CUDA, 100, 40)
 
 
+def test_groups_of_unequal_sizes_are_refused(fake: FakeDriver, monkeypatch) -> None:
+    split = fake.cuDevSmResourceSplitByCount
+
+    def uneven(*args: object) -> tuple[object, ...]:
+        result = split(*args)
+        result[1][0].sm.smCount = 16
+        return result
+
+    monkeypatch.setattr(fake, "cuDevSmResourceSplitByCount", uneven)
+    with pytest.raises(SMPartitionError, match=r"groups of sizes \[8, 16\]"):
+        make_disjoint_partitions(CUDA, 56, None)
+
+
 def test_without_cuda_bindings_the_error_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -196,6 +251,14 @@ def test_without_cuda_bindings_the_error_says_what_to_install(
     monkeypatch.setattr(sm_partition, "_DISJOINT", {})
     with pytest.raises(SMPartitionError, match="pip install cuda-bindings"):
         make_disjoint_partitions(CUDA, 56, None)
+
+
+def test_the_server_checks_for_cuda_bindings_before_loading(monkeypatch) -> None:
+    from fishserve.server import runtime
+
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)
+    monkeypatch.setitem(sys.modules, "cuda", None)
+    assert not runtime.cuda_bindings_installed()
 
 
 # --------------------------------------------------------------------------- on the GPU
@@ -271,6 +334,8 @@ def test_the_decoder_takes_a_count_or_a_partition_not_both(tiny_decoder) -> None
     partition = sm_partition.SMPartition(64, 132, object(), None)  # type: ignore[arg-type]
     with pytest.raises(SMPartitionError, match="num_sms or a partition, not both"):
         DecoderRunner(tiny_decoder, 2, (16,), num_sms=8, partition=partition)
+    with pytest.raises(SMPartitionError, match="needs a CUDA decoder"):
+        DecoderRunner(tiny_decoder, 2, (16,), partition=partition)
 
 
 @pytest.mark.parametrize(("async_scheduling", "priority"), [(False, -1), (True, 0)])
@@ -316,3 +381,39 @@ def test_an_engine_on_its_partition_generates_the_same_frames(tiny_tokenizer) ->
     engine = LLMEngine(model, tiny_tokenizer, config, step_stream=engine_part.stream)
     assert engine.runner.stream is engine_part.stream and engine.runner.num_captures > 0
     _same(plain, run_engine(engine, _requests()))
+
+
+def test_the_runtime_hands_each_partition_to_its_user(tmp_path, monkeypatch) -> None:
+    """`build_local_runtime` with engine_sms: the engine gets the engine partition's stream,
+    the decoder the decoder partition (and no `num_sms` beside it)."""
+    from fishserve.audio.decoder_runner import DecoderRunner
+    from fishserve.engine.engine import LLMEngine
+    from fishserve.server import runtime
+    from tests.conftest import tiny_server_config
+
+    engine_part = sm_partition.SMPartition(56, 132, "engine stream", None)  # type: ignore[arg-type]
+    decoder_part = sm_partition.SMPartition(64, 132, "decoder stream", None)  # type: ignore[arg-type]
+    monkeypatch.setattr(
+        runtime, "sm_partitions", lambda config, device: (engine_part, decoder_part)
+    )
+    seen: dict[str, object] = {}
+
+    def engine(model, tokenizer, config, step_stream=None):  # type: ignore[no-untyped-def]
+        seen["step_stream"] = step_stream
+        return LLMEngine(model, tokenizer, config)  # on the CPU, without the stream
+
+    class Runner:
+        @staticmethod
+        def for_policy(decoder, policy, max_batch, **kwargs):  # type: ignore[no-untyped-def]
+            seen["num_sms"], seen["partition"] = kwargs.pop("num_sms"), kwargs.pop("partition")
+            return DecoderRunner.for_policy(decoder, policy, max_batch, **kwargs)
+
+    monkeypatch.setattr(runtime, "LLMEngine", engine)
+    monkeypatch.setattr(runtime, "DecoderRunner", Runner)
+    config = tiny_server_config(tmp_path, engine_sms=56, decoder_sms=60, num_kv_blocks=64)
+    built = runtime.build_local_runtime(config)
+    try:
+        assert seen == {"step_stream": "engine stream", "num_sms": None, "partition": decoder_part}
+        assert built.info.engine_sms == 56
+    finally:
+        built.shutdown()
