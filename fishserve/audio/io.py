@@ -263,7 +263,10 @@ def _decode_frames(
 ) -> tuple[list[np.ndarray], int]:
     """Mono ``(n,)`` float32 pieces of the first audio stream and its rate; see `_decode_av`."""
     stream = container.streams.audio[0]
-    _check_format(stream.codec_context.sample_rate, stream.codec_context.channels, label)
+    codec = stream.codec_context
+    if codec is None:  # PyAV has no decoder for the stream's codec (e.g. a WAV format tag)
+        raise AudioDecodeError(f"{label}: its audio codec is not one FFmpeg can decode")
+    _check_format(codec.sample_rate, codec.channels, label)
     # Packed float32, layout and rate kept: one plane whatever the channel count (PyAV 18's
     # `to_ndarray` of a planar frame of 8 or more channels crashes the process).
     resampler = av.AudioResampler(format="flt")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import unicodedata
 from pathlib import PurePath
 from typing import Annotated, Any
 
@@ -12,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 
 from fishserve.audio.io import AudioDecodeError
 from fishserve.server.errors import MAX_LISTED_ERRORS, ApiError, voice_param
-from fishserve.server.routes_tts import DEFAULT_VOICE, parse_body
+from fishserve.server.routes_tts import DEFAULT_VOICE, parse_body, refuse_if_overloaded
 from fishserve.server.runtime import ServingRuntime, decoder_behind
 from fishserve.server.schemas import MAX_REFERENCE_TEXT
 from fishserve.server.state import ServerState
@@ -67,11 +68,13 @@ async def add_reference(
         )
     if id.lower() == DEFAULT_VOICE:  # "DEFAULT" too: one folder on a case-insensitive disk
         raise ApiError(400, f"voice id {id!r} is reserved (it means no reference)", "id")
+    _check_transcript(text)
     await asyncio.to_thread(state.voices.check_free, id)  # 409 before any encoding
     data = await audio.read()
     if not data:
         raise ApiError(400, "audio file is empty", "audio")
     async with state.request() as runtime:
+        refuse_if_overloaded(state)  # 503 at once: a silent engine would hold the upload
         try:
             with state.encoding_refs(runtime):  # 429 when full
                 await runtime.encode_reference(data)
@@ -83,6 +86,24 @@ async def add_reference(
     if not text.strip():
         message += " without a transcript (text): voice cloning works better with one"
     return JSONResponse({"success": True, "message": message, "reference_id": id})
+
+
+def _check_transcript(text: str) -> None:
+    """422 for control characters other than tab and line breaks in a transcript: a form
+    field that is not UTF-8 is read as Latin-1 (Starlette's rule), so UTF-16 or binary text
+    would be stored as garbage."""
+    bad = next((i for i, c in enumerate(text) if c not in "\t\n\r" and _is_control(c)), None)
+    if bad is not None:
+        raise ApiError(
+            422,
+            f"text has a control character (U+{ord(text[bad]):04X}) at position {bad}: send "
+            "the transcript as UTF-8 text",
+            "text",
+        )
+
+
+def _is_control(char: str) -> bool:
+    return unicodedata.category(char) == "Cc"
 
 
 async def _check_add_fields(request: Request) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 import textwrap
@@ -69,6 +70,18 @@ def test_npy_is_taken_as_is(tmp_path: Path) -> None:
     np.save(tmp_path / "b.npy", np.zeros((2, 10), dtype=np.float32))
     with pytest.raises(AudioDecodeError):
         load_audio(tmp_path / "b.npy")
+
+
+@pytest.mark.parametrize(("offset", "value"), [(20, 0x9999), (34, 0)])
+def test_a_wav_of_a_codec_ffmpeg_lacks_is_a_decode_error(offset: int, value: int) -> None:
+    """An unknown format tag or 0 bits per sample: PyAV gives no codec context (this was an
+    AttributeError, a 500 on the server)."""
+    buffer = io.BytesIO()
+    sf.write(buffer, np.zeros(4410, dtype=np.float32), 44100, format="WAV", subtype="PCM_16")
+    data = bytearray(buffer.getvalue())
+    data[offset : offset + 2] = value.to_bytes(2, "little")
+    with pytest.raises(AudioDecodeError, match="audio codec is not one FFmpeg can decode"):
+        load_audio(bytes(data))
 
 
 def load_in_child(path: Path) -> subprocess.CompletedProcess:

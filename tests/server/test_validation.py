@@ -397,6 +397,34 @@ def test_voice_named_default_is_reserved(server, name):
     assert response.status_code == 400 and "reserved" in response.json()["message"]
 
 
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("hi".encode("utf-16"), "U+0000"),  # UTF-16: read as Latin-1, NULs between letters
+        (b"\x80\x81 hi", "U+0080"),  # not UTF-8: Latin-1 gives C1 controls
+        (b"a\x07b", "U+0007"),
+    ],
+)
+def test_a_transcript_with_control_characters_is_refused(server, text, code):
+    body, kind = multipart({"id": b"ctl", "text": text, "audio": TONE})
+    response = httpx.post(
+        server.url + "/v1/references/add", content=body, headers={"content-type": kind}
+    )
+    assert response.status_code == 422, response.text
+    assert code in response.json()["message"] and response.json()["error"]["param"] == "text"
+    assert "ctl" not in httpx.get(server.url + "/v1/references/list").json()["reference_ids"]
+
+
+def test_a_transcript_keeps_tabs_line_breaks_and_accents(server):
+    body, kind = multipart(
+        {"id": b"accents", "text": "Café\tnaïve\r\nline".encode(), "audio": TONE}
+    )
+    response = httpx.post(
+        server.url + "/v1/references/add", content=body, headers={"content-type": kind}
+    )
+    assert response.status_code == 200, response.text
+
+
 def test_delete_needs_a_reference_id(server):
     for url in ("/v1/references/delete?reference_id=", "/v1/references/delete"):
         response = httpx.request("DELETE", server.url + url)
