@@ -106,6 +106,19 @@ def _first_message(process: BaseProcess, outbox: Connection) -> tuple[Any, ...]:
         return message
 
 
+def estimate_waiting(waiting: int, running: int, max_num_seqs: int, sent_since: int) -> int:
+    """Requests waiting for admission in the core, from its last status (`waiting`, `running`)
+    and the `sent_since` requests sent after it: those the free sequence slots can take join
+    the running batch at the next step (none while some already wait: they go first). An
+    estimate either way (a short KV pool can hold requests back with slots free; the core's
+    own `max_waiting` bound refuses what this lets through). Counting every request sent
+    since as waiting refused bursts with slots free (429s for 16 of 40 requests with 8 slots
+    and `max_waiting` 16, from an adversarial helper's run). `max_num_seqs` 0: unknown, no
+    slot counted free."""
+    free = 0 if waiting else max(0, max_num_seqs - running)
+    return waiting + max(0, sent_since - free)
+
+
 class RemoteRuntime:
     """A `ServingRuntime` whose models live in the engine-core process.
 
@@ -155,9 +168,12 @@ class RemoteRuntime:
         return status
 
     def pending(self) -> int:
-        """Requests waiting for admission: the core's last count plus the requests sent
-        since (an upper estimate: some of those may have been admitted at once)."""
-        return self._status.engine.waiting + self._sent_since_status
+        """Requests waiting for admission: the core's last count plus those sent since that
+        its free sequence slots cannot take (`estimate_waiting`)."""
+        engine = self._status.engine
+        return estimate_waiting(
+            engine.waiting, engine.running, self.info.max_num_seqs, self._sent_since_status
+        )
 
     def needs_restart(self) -> bool:
         """True when the core process is gone, or says its engine thread stopped."""

@@ -71,6 +71,7 @@ class RuntimeInfo:
         decoder_sms: SMs of the decoder's partition (`ServerConfig.decoder_sms`); None: all.
         engine_sms: SMs of the engine's partition (`ServerConfig.engine_sms`, disjoint from
             the decoder's); None: all.
+        max_num_seqs: sequences the engine runs at once (0: unknown).
     """
 
     sample_rate: int
@@ -83,6 +84,7 @@ class RuntimeInfo:
     gpu_sharing: str = "overlap"
     decoder_sms: int | None = None
     engine_sms: int | None = None
+    max_num_seqs: int = 0
 
 
 @dataclass
@@ -220,6 +222,7 @@ class Runtime:
             gpu_sharing="overlap" if self.decode_worker.gpu_turns is None else "turns",
             decoder_sms=None if partition is None else partition.num_sms,
             engine_sms=self.engine_sms,
+            max_num_seqs=self.engine.engine.config.max_num_seqs,
         )
 
     @property

@@ -16,7 +16,7 @@ from conftest import TINY_T2S, LiveServer, assert_same_pcm, tiny_server_config
 from fishserve.audio.io import AudioDecodeError
 from fishserve.audio.references import ReferenceAudioError
 from fishserve.models.checkpoint import CheckpointError
-from fishserve.server.core_client import start_remote_runtime
+from fishserve.server.core_client import estimate_waiting, start_remote_runtime
 from fishserve.server.engine_core import portable_exception
 from fishserve.server.runtime import uses_engine_process
 
@@ -75,6 +75,26 @@ def test_streaming_and_health_and_metrics_come_from_the_core(remote):
     text = httpx.get(remote.url + "/metrics").text
     frames = [line for line in text.splitlines() if line.startswith("fishserve:decoder_frames")]
     assert frames and float(frames[0].split()[-1]) >= 23
+
+
+@pytest.mark.parametrize(
+    ("waiting", "running", "max_num_seqs", "sent", "expected"),
+    [
+        (0, 0, 8, 40, 32),  # a burst: 8 take the free slots, 32 wait
+        (0, 5, 8, 2, 0),  # room for both
+        (0, 5, 8, 4, 1),
+        (3, 5, 8, 4, 7),  # some wait already: the new ones queue behind them
+        (0, 8, 8, 2, 2),  # full
+        (0, 0, 0, 3, 3),  # slots unknown: every one counted
+        (2, 0, 8, 0, 2),
+    ],
+)
+def test_waiting_is_estimated_from_the_free_slots(waiting, running, max_num_seqs, sent, expected):
+    assert estimate_waiting(waiting, running, max_num_seqs, sent) == expected
+
+
+def test_the_core_reports_its_slots(remote):
+    assert remote.state.runtime.info.max_num_seqs == 64  # ServerConfig's default
 
 
 def test_voice_cloning_encodes_in_the_core(remote):
