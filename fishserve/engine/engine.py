@@ -173,10 +173,15 @@ class LLMEngine:
         config: EngineConfig | None = None,
         step_stream: torch.cuda.Stream | None = None,
     ) -> None:
-        """Args: `step_stream`, the CUDA stream the steps run on (e.g. the engine's SM
-        partition, `fishserve.engine.sm_partition.make_disjoint_partitions`); None: the
-        runner's own. Raises ValueError: `step_stream` with a model not on CUDA (and see
-        `_plan_memory`)."""
+        """
+        Args:
+            step_stream: the CUDA stream the steps run on (e.g. the engine's SM partition,
+                `fishserve.engine.sm_partition.make_disjoint_partitions`); None: the
+                runner's own.
+
+        Raises:
+            ValueError: `step_stream` with a model not on CUDA (and see `_plan_memory`).
+        """
         self.model = model
         self.tokenizer = tokenizer
         self.config = config = config or EngineConfig()

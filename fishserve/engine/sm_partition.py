@@ -23,6 +23,7 @@ or on all: the step is set by its ~1,100 short kernels, not by SM count; docs/be
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 from collections.abc import Sequence
@@ -212,13 +213,8 @@ def make_disjoint_partitions(
     engine_desc = _descriptor(driver, [groups[i] for i in plan.engine])
     engine = _green_partition(driver, cu_device, engine_desc, total, engine_priority, device)
     picked = [groups[i] for i in plan.decoder]
-    desc = None
-    if plan.remainder and int(remainder.sm.smCount) > 0:
-        try:
-            desc = _descriptor(driver, [*picked, remainder])
-        except SMPartitionError as exc:  # not of the groups' alignment or locality
-            log.warning("the decoder's SMs leave out the driver's remainder: %s", exc)
-    desc = desc if desc is not None else _descriptor(driver, picked)
+    extra = remainder if plan.remainder and int(remainder.sm.smCount) > 0 else None
+    desc = _decoder_descriptor(driver, picked, extra)
     decoder = _green_partition(driver, cu_device, desc, total, 0, device)
     _DISJOINT[index] = (asked, (engine, decoder))
     return engine, decoder
@@ -231,14 +227,25 @@ DEFAULT_GROUP_SMS = 8
 _DISJOINT: dict[int, tuple[tuple[int, int | None, int], tuple[SMPartition, SMPartition]]] = {}
 
 
+NO_CUDA_BINDINGS = (
+    "engine_sms needs NVIDIA's cuda-bindings package for the driver's SM split "
+    "(pip install cuda-bindings, the version matching the CUDA driver)"
+)
+
+
+def cuda_bindings_installed() -> bool:
+    """Whether NVIDIA's `cuda.bindings` can be imported (without importing it)."""
+    try:
+        return importlib.util.find_spec("cuda.bindings") is not None
+    except ModuleNotFoundError:  # no `cuda` package at all
+        return False
+
+
 def _driver() -> Any:
     try:
         from cuda.bindings import driver
     except ImportError as exc:
-        raise SMPartitionError(
-            "engine_sms needs NVIDIA's cuda-bindings package for the driver's SM split "
-            "(pip install cuda-bindings, the version matching the CUDA driver)"
-        ) from exc
+        raise SMPartitionError(NO_CUDA_BINDINGS) from exc
     return driver
 
 
@@ -273,6 +280,16 @@ def _split(driver: Any, cu_device: Any) -> tuple[Any, list[Any], Any]:
 def _descriptor(driver: Any, resources: list[Any]) -> Any:
     """A resource descriptor of `resources` (SM groups of one split)."""
     return _ok(driver, driver.cuDevResourceGenerateDesc(resources, len(resources)), "descriptor")
+
+
+def _decoder_descriptor(driver: Any, groups: list[Any], remainder: Any | None) -> Any:
+    """A descriptor of `groups` and, where the driver accepts the mix, `remainder`."""
+    if remainder is not None:
+        try:
+            return _descriptor(driver, [*groups, remainder])
+        except SMPartitionError as exc:  # not of the groups' alignment or locality
+            log.warning("the decoder's SMs leave out the driver's remainder: %s", exc)
+    return _descriptor(driver, groups)
 
 
 def _green_partition(

@@ -92,7 +92,8 @@ def _check_transcript(text: str) -> None:
     """422 for control characters other than tab and line breaks in a transcript: a form
     field that is not UTF-8 is read as Latin-1 (Starlette's rule), so UTF-16 or binary text
     would be stored as garbage."""
-    bad = next((i for i, c in enumerate(text) if c not in "\t\n\r" and _is_control(c)), None)
+    controls = (i for i, c in enumerate(text) if unicodedata.category(c) == "Cc")
+    bad = next((i for i in controls if text[i] not in "\t\n\r"), None)
     if bad is not None:
         raise ApiError(
             422,
@@ -100,10 +101,6 @@ def _check_transcript(text: str) -> None:
             "the transcript as UTF-8 text",
             "text",
         )
-
-
-def _is_control(char: str) -> bool:
-    return unicodedata.category(char) == "Cc"
 
 
 async def _check_add_fields(request: Request) -> None:

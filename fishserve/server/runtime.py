@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.util
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -34,7 +33,12 @@ from fishserve.engine.gpu_turns import GpuTurns
 from fishserve.engine.memory import configure_cuda_allocator
 from fishserve.engine.runner import ASYNC_STEP_STREAM_PRIORITY, STEP_STREAM_PRIORITY
 from fishserve.engine.sizes import parse_memory_size
-from fishserve.engine.sm_partition import SMPartition, make_disjoint_partitions
+from fishserve.engine.sm_partition import (
+    NO_CUDA_BINDINGS,
+    SMPartition,
+    cuda_bindings_installed,
+    make_disjoint_partitions,
+)
 from fishserve.engine.step_profiler import StepProfiler
 from fishserve.engine.warmup import warm_up_general_path
 from fishserve.models.firefly import FireflyGenerator
@@ -364,10 +368,7 @@ def check_settings(config: ServerConfig) -> None:
         if getattr(config, name) is not None and device.type != "cuda":
             raise ValueError(f"{name} needs a CUDA device, but the device is {device}")
     if config.engine_sms is not None and not cuda_bindings_installed():
-        raise ValueError(
-            "engine_sms needs NVIDIA's cuda-bindings package (pip install cuda-bindings, the "
-            "version matching the CUDA driver)"
-        )
+        raise ValueError(NO_CUDA_BINDINGS)
     if config.async_scheduling and config.gpu_sharing == "turns":
         raise ValueError(
             "async_scheduling needs gpu_sharing overlap: with turns each step waits for its "
@@ -410,14 +411,6 @@ def build_runtime(config: ServerConfig) -> ServingRuntime:
         GC_PAUSES.install()
         return remote
     return build_local_runtime(config)
-
-
-def cuda_bindings_installed() -> bool:
-    """Whether NVIDIA's `cuda.bindings` can be imported (without importing it)."""
-    try:
-        return importlib.util.find_spec("cuda.bindings") is not None
-    except ModuleNotFoundError:  # no `cuda` package at all
-        return False
 
 
 def sm_partitions(

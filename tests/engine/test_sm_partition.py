@@ -7,7 +7,6 @@ launched on each partition's stream, a CUDA graph's replay included, stays on it
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -254,21 +253,14 @@ def test_without_cuda_bindings_the_error_says_what_to_install(
 
 
 def test_the_server_checks_for_cuda_bindings_before_loading(monkeypatch) -> None:
-    from fishserve.server import runtime
-
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)
     monkeypatch.setitem(sys.modules, "cuda", None)
-    assert not runtime.cuda_bindings_installed()
+    assert not sm_partition.cuda_bindings_installed()
 
 
 # --------------------------------------------------------------------------- on the GPU
 def _gpu_with_bindings() -> bool:
-    if not torch.cuda.is_available():
-        return False
-    try:
-        return importlib.util.find_spec("cuda.bindings") is not None
-    except ModuleNotFoundError:
-        return False
+    return torch.cuda.is_available() and sm_partition.cuda_bindings_installed()
 
 
 @pytest.mark.skipif(not _gpu_with_bindings(), reason="needs CUDA and cuda-bindings")
