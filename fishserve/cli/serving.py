@@ -251,6 +251,14 @@ def serve(
             "--decoder-sms of the others, default all); none = every SM. Needs cuda-bindings.",
         ),
     ] = None,
+    confine_engine_graphs: Annotated[
+        bool | None,
+        _setting(
+            "confine_engine_graphs",
+            "With --engine-sms: run the engine's CUDA graphs on its SMs only too (default: "
+            "they may use the decoder's SMs; measured faster).",
+        ),
+    ] = None,
     max_reference_seconds: Annotated[
         float | None, _setting("max_reference_seconds", "Longest reference audio (s).")
     ] = None,

@@ -78,6 +78,10 @@ class EngineConfig:
             transformer over the codebooks and their sampling) with torch.compile before the
             CUDA graphs are captured: fewer, fused kernels per step, one compilation at
             start-up for every batch size. Off (or `enforce_eager`): op-by-op kernels.
+        confine_graphs: capture the decode graphs on `LLMEngine`'s `step_stream`, so that
+            (an SM partition's stream) they run on its SMs only: a graph's kernels run in
+            the context of the stream that captured them. Off: PyTorch's capture stream;
+            replayed on the step stream, they may use any SM, at its priority.
     """
 
     kv_cache_dtype: str = "auto"
@@ -94,6 +98,7 @@ class EngineConfig:
     static_prefill_tokens: int = 256
     async_scheduling: bool = False
     compile_fast_transformer: bool = True
+    confine_graphs: bool = False
 
 
 @dataclass(frozen=True)
@@ -213,6 +218,7 @@ class LLMEngine:
             ASYNC_STEP_STREAM_PRIORITY if config.async_scheduling else STEP_STREAM_PRIORITY,
             config.compile_fast_transformer,
             step_stream,
+            config.confine_graphs,
         )
         self.sequences: dict[str, Sequence] = {}
         self.frames_generated = 0

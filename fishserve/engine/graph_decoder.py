@@ -134,6 +134,11 @@ def _head(model: DualARTransformer, step: TokenStep, inputs: DecodeInputs, k: in
 class CudaGraphDecoder:
     """Decode steps and frame heads replayed from CUDA graphs captured at start-up.
 
+    `capture_stream` (an SM partition's stream, `fishserve.engine.sm_partition`): the graphs
+    are captured on it, since a replayed kernel runs in the context it was captured in
+    whatever the replaying stream's (measured on an H200, docs/benchmarks.md §6.21); None:
+    PyTorch's capture stream.
+
     Attributes:
         resampled_rows: rows resampled over the full vocabulary so far (prefilter misses).
         num_captures: buckets captured (three graphs each, and with the prefilter a fallback
@@ -149,8 +154,12 @@ class CudaGraphDecoder:
         use_triton: bool,
         top_k_prefilter: int = 0,
         compile_codes: bool = False,
+        capture_stream: torch.cuda.Stream | None = None,
     ) -> None:
         self.model, self.cache, self.use_triton = model, cache, use_triton
+        # A graph's kernels run in the context of the stream they were captured on, not the
+        # one it is replayed on: graphs for an SM partition are captured on its stream.
+        self.capture_stream = capture_stream
         self.top_k_prefilter = top_k_prefilter
         self.compile_codes = compile_codes
         self.device = model.embeddings.weight.device
@@ -191,11 +200,11 @@ class CudaGraphDecoder:
         torch.cuda.current_stream().wait_stream(stream)
         graphs = [torch.cuda.CUDAGraph() for _ in range(3)]
         with torch.inference_mode():
-            with torch.cuda.graph(graphs[0], pool=self.pool):
+            with torch.cuda.graph(graphs[0], pool=self.pool, stream=self.capture_stream):
                 step = self._token(inputs)
-            with torch.cuda.graph(graphs[1], pool=self.pool):
+            with torch.cuda.graph(graphs[1], pool=self.pool, stream=self.capture_stream):
                 _head(model, step, inputs, k)
-            with torch.cuda.graph(graphs[2], pool=self.pool):
+            with torch.cuda.graph(graphs[2], pool=self.pool, stream=self.capture_stream):
                 frames = decode_step_codes(model, step, inputs, self.compile_codes)
         fallback = self._capture_fallback(step, inputs) if step.exact is not None else {}
         return _Captured(*graphs, staged, step, frames, fallback)
@@ -211,7 +220,10 @@ class CudaGraphDecoder:
                 resample_rows_of_(self.model, step, inputs, rows)  # warm-up
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.inference_mode(), torch.cuda.graph(graph, pool=self.pool):
+            with (
+                torch.inference_mode(),
+                torch.cuda.graph(graph, pool=self.pool, stream=self.capture_stream),
+            ):
                 resample_rows_of_(self.model, step, inputs, rows)
             host = torch.zeros(r, dtype=torch.int64, pin_memory=True)
             out[r] = _Fallback(graph, rows, host)

@@ -194,6 +194,8 @@ class ModelRunner:
         compile_fast_transformer: run each step's second half (fast transformer and codebook
             sampling) as one torch.compile graph on CUDA (`sample_codebooks_compiled`);
             ignored with `enforce_eager`.
+        graphs_on_stream: capture the CUDA graphs on `stream` (`CudaGraphDecoder`'s
+            `capture_stream`: an SM partition's graphs then run on its SMs only).
     """
 
     def __init__(
@@ -208,6 +210,7 @@ class ModelRunner:
         stream_priority: int = STEP_STREAM_PRIORITY,
         compile_fast_transformer: bool = False,
         stream: torch.cuda.Stream | None = None,
+        graphs_on_stream: bool = False,
     ) -> None:
         self.model = model
         self.compile_codes = compile_fast_transformer and not enforce_eager
@@ -221,17 +224,6 @@ class ModelRunner:
         self.busy = BusyTimer(self.device)
         self.max_rows = max_batch + static_prefill_tokens
         self._eager_full_sort_rows = 0
-        self.graphs: CudaGraphDecoder | None = None
-        if on_gpu and not enforce_eager:
-            self.graphs = CudaGraphDecoder(
-                model,
-                cache,
-                self.max_rows,
-                self.max_blocks,
-                self.use_triton,
-                top_k_prefilter,
-                self.compile_codes,
-            )
         # Steps run on a high-priority stream: the decoder's long convolution kernels (on its
         # own default-priority stream) would otherwise hold the SMs while each of a step's
         # ~1,000 short kernels waits its turn. A graph replays at its stream's priority.
@@ -242,6 +234,18 @@ class ModelRunner:
         self.stream = stream
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))  # start-up work
+        self.graphs: CudaGraphDecoder | None = None
+        if on_gpu and not enforce_eager:
+            self.graphs = CudaGraphDecoder(
+                model,
+                cache,
+                self.max_rows,
+                self.max_blocks,
+                self.use_triton,
+                top_k_prefilter,
+                self.compile_codes,
+                capture_stream=self.stream if graphs_on_stream else None,
+            )
         # Frames reach the host through pinned memory: a pageable copy blocked the decoder
         # thread's CUDA calls while it waited for the step (`fishserve.engine.host_copy`).
         # Asynchronous steps use it too: a step's frames are read before the next step's

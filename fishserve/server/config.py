@@ -132,6 +132,11 @@ class ServerConfig(BaseModel):
     # which then gets decoder_sms of the others (None: all of them); None: the steps may use
     # every SM, the decoder's included. Needs NVIDIA's cuda-bindings package.
     engine_sms: int | None = Field(None, ge=1)
+    # With engine_sms: capture the engine's decode graphs on its partition's stream, so they
+    # run on its SMs only. Off: only its eager kernels (prefill, copies) stay there and the
+    # graphs may use the decoder's SMs too, at the step stream's priority (docs/benchmarks.md
+    # §6.21: confined graphs ran 25-30% fewer steps per second end to end).
+    confine_engine_graphs: bool = False
     max_reference_seconds: float = Field(30.0, gt=0, allow_inf_nan=False)
     # HTTP
     host: str = "127.0.0.1"

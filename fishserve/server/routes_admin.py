@@ -199,6 +199,7 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
     model["compile_fast_transformer"] = config.compile_fast_transformer
     model["decoder_sms"] = info.decoder_sms
     model["engine_sms"] = info.engine_sms
+    model["confine_engine_graphs"] = config.confine_engine_graphs
     report = {
         "status": status,
         "loaded": True,

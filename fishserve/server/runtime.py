@@ -356,7 +356,8 @@ def check_settings(config: ServerConfig) -> None:
     Raises:
         ValueError: CUDA asked for but absent, a bad budget, a fraction of GPU memory on CPU,
             Triton decoder kernels where they cannot run, async_scheduling with gpu_sharing
-            turns, dummy_logits with real weights, engine_sms without cuda-bindings, bad
+            turns, dummy_logits with real weights, engine_sms without cuda-bindings,
+            confine_engine_graphs without engine_sms, bad
             step-profiler variables (`StepProfiler.from_env`).
         FileNotFoundError: a checkpoint folder, decoder weights or decoder config is missing.
         ValueError: also `references_dir` exists but is not a folder.
@@ -369,6 +370,8 @@ def check_settings(config: ServerConfig) -> None:
             raise ValueError(f"{name} needs a CUDA device, but the device is {device}")
     if config.engine_sms is not None and not cuda_bindings_installed():
         raise ValueError(NO_CUDA_BINDINGS)
+    if config.confine_engine_graphs and config.engine_sms is None:
+        raise ValueError("confine_engine_graphs needs engine_sms (the SMs to confine them to)")
     if config.async_scheduling and config.gpu_sharing == "turns":
         raise ValueError(
             "async_scheduling needs gpu_sharing overlap: with turns each step waits for its "
@@ -498,6 +501,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
             enforce_eager=config.enforce_eager,
             async_scheduling=config.async_scheduling,
             compile_fast_transformer=config.compile_fast_transformer,
+            confine_graphs=config.confine_engine_graphs,
             static_decode=config.async_scheduling,  # its overlapped steps are static ones
             decoder_workspace_bytes=decoder_workspace_bytes(
                 decoder,

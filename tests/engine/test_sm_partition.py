@@ -265,8 +265,8 @@ def _gpu_with_bindings() -> bool:
 
 @pytest.mark.skipif(not _gpu_with_bindings(), reason="needs CUDA and cuda-bindings")
 def test_work_on_each_partition_stays_on_its_own_sms() -> None:
-    """A kernel launched on each stream, and a graph captured elsewhere and replayed on the
-    engine's stream (as the engine replays its steps), run only on that partition's SMs."""
+    """A kernel launched on each stream, and a graph captured and replayed on the engine's
+    stream (as the engine captures and replays its steps), run only on that partition's SMs."""
     from fishserve.models.firefly.triton_head import triton_head_available
 
     if not triton_head_available():
@@ -303,12 +303,17 @@ def test_work_on_each_partition_stays_on_its_own_sms() -> None:
     assert len(on_engine) + len(on_decoder) <= sm_partition.device_sm_count(CUDA)
     launch(out)  # compiled before the capture
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):  # captured on PyTorch's own capture stream
+    confined, anywhere = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(confined, stream=engine.stream):
         launch(out)
-    replayed = used(engine.stream, graph.replay, out)
+    with torch.cuda.graph(anywhere):  # PyTorch's capture stream, in the primary context
+        launch(out)
+    replayed = used(engine.stream, confined.replay, out)
     assert -1 not in replayed and replayed.isdisjoint(on_decoder)
     assert len(replayed) <= engine.num_sms
+    # Replayed on the engine's stream, a graph captured outside its context reaches the
+    # decoder's SMs: what confine_graphs (off by default) is for.
+    assert not used(engine.stream, anywhere.replay, out).isdisjoint(on_decoder)
 
 
 # --------------------------------------------------------------------------- who uses them
@@ -360,7 +365,10 @@ def test_the_server_splits_the_sms_as_its_settings_say(
 
 
 @pytest.mark.skipif(not _gpu_with_bindings(), reason="needs CUDA and cuda-bindings")
-def test_an_engine_on_its_partition_generates_the_same_frames(tiny_tokenizer) -> None:
+@pytest.mark.parametrize("confine_graphs", [False, True])
+def test_an_engine_on_its_partition_generates_the_same_frames(
+    tiny_tokenizer, confine_graphs: bool
+) -> None:
     from fishserve.engine.engine import EngineConfig, LLMEngine
     from tests.conftest import load_tiny_model, make_engine, run_engine
     from tests.engine.test_async_scheduling import _requests, _same
@@ -369,9 +377,12 @@ def test_an_engine_on_its_partition_generates_the_same_frames(tiny_tokenizer) ->
     base = {"max_num_seqs": 4, "num_kv_blocks": 64}
     plain = run_engine(make_engine(model, tiny_tokenizer, **base), _requests())
     engine_part, _ = make_disjoint_partitions(CUDA, 56, None)
-    config = EngineConfig(kv_cache_dtype="fp32", **base)
+    config = EngineConfig(kv_cache_dtype="fp32", confine_graphs=confine_graphs, **base)
     engine = LLMEngine(model, tiny_tokenizer, config, step_stream=engine_part.stream)
     assert engine.runner.stream is engine_part.stream and engine.runner.num_captures > 0
+    assert engine.runner.graphs is not None
+    want = engine_part.stream if confine_graphs else None
+    assert engine.runner.graphs.capture_stream is want
     _same(plain, run_engine(engine, _requests()))
 
 
@@ -391,7 +402,7 @@ def test_the_runtime_hands_each_partition_to_its_user(tmp_path, monkeypatch) -> 
     seen: dict[str, object] = {}
 
     def engine(model, tokenizer, config, step_stream=None):  # type: ignore[no-untyped-def]
-        seen["step_stream"] = step_stream
+        seen["step_stream"], seen["confine_graphs"] = step_stream, config.confine_graphs
         return LLMEngine(model, tokenizer, config)  # on the CPU, without the stream
 
     class Runner:
@@ -402,10 +413,13 @@ def test_the_runtime_hands_each_partition_to_its_user(tmp_path, monkeypatch) -> 
 
     monkeypatch.setattr(runtime, "LLMEngine", engine)
     monkeypatch.setattr(runtime, "DecoderRunner", Runner)
-    config = tiny_server_config(tmp_path, engine_sms=56, decoder_sms=60, num_kv_blocks=64)
+    config = tiny_server_config(
+        tmp_path, engine_sms=56, decoder_sms=60, num_kv_blocks=64, confine_engine_graphs=True
+    )
     built = runtime.build_local_runtime(config)
     try:
-        assert seen == {"step_stream": "engine stream", "num_sms": None, "partition": decoder_part}
+        want = {"step_stream": "engine stream", "confine_graphs": True}
+        assert seen == {**want, "num_sms": None, "partition": decoder_part}
         assert built.info.engine_sms == 56
     finally:
         built.shutdown()

@@ -94,6 +94,7 @@ TRITON_ON_CPU = pytest.param(
             "engine_sms needs a CUDA device, but the device is cpu",
         ),
         ([*TINY, "--engine-sms", "0"], "engine_sms = 0 (from --engine-sms)"),
+        ([*TINY, "--confine-engine-graphs"], "confine_engine_graphs needs engine_sms"),
         (
             [*TINY, "--async-scheduling", "--gpu-sharing", "turns"],
             "async_scheduling needs gpu_sharing overlap",
@@ -144,6 +145,7 @@ def test_models_are_built_before_the_server_listens(tmp_path, monkeypatch):
         assert health["loaded"] and health["model"]["load_format"] == "dummy"
         assert health["model"]["decoder_kernels"] == "torch"  # the CPU's head
         assert health["model"]["engine_sms"] is None and health["model"]["decoder_sms"] is None
+        assert health["model"]["confine_engine_graphs"] is False
 
     monkeypatch.setattr(runtime_module, "build_runtime", counting_build)
     monkeypatch.setattr(uvicorn, "run", run)
