@@ -247,8 +247,8 @@ def serve(
         int | None,
         _setting(
             "engine_sms",
-            "Run the engine's steps on this many SMs, disjoint from the decoder's (which gets "
-            "--decoder-sms of the others, default all); none = every SM. Needs cuda-bindings.",
+            "Reserve this many SMs for the engine: the decoder gets --decoder-sms of the others "
+            "(default all); none = no partition. Needs cuda-bindings.",
         ),
     ] = None,
     confine_engine_graphs: Annotated[

@@ -4,8 +4,10 @@ Why: beside the decoder's long convolution blocks, each of an engine step's ~1,3
 kernels waits for SMs to drain, and a step lasts two to three decoder calls (docs/benchmarks.md
 §6.5); stream priorities do not help, since a running block is never preempted. A CUDA green
 context (driver API, CUDA 12.4+; `torch.cuda.green_contexts`) owns a subset of the SMs, and
-work launched on one of its streams, CUDA graphs captured on that stream included, runs only
-there; work on ordinary streams still uses every SM. So the decoder can run on part of the GPU
+kernels launched on one of its streams run only there. A CUDA graph's kernels run in the
+context of the stream that captured it, whatever stream replays it: captured on a green
+context's stream it stays on its SMs, captured on an ordinary stream it may use every SM
+(`tests/engine/test_sm_partition.py`, on an H200). So the decoder can run on part of the GPU
 and leave the rest free for the engine's kernels whenever it is busy.
 
 The driver hands out SMs in groups (8 on Hopper, 2-4 on earlier GPUs: "SM resource
@@ -14,11 +16,13 @@ up to the next group.
 
 PyTorch's `GreenContext.create(num_sms=N)` always takes the first group of N SMs, so two such
 contexts overlap. `make_disjoint_partitions` splits the SMs once through the driver API
-(`cuDevSmResourceSplitByCount`, from NVIDIA's `cuda-bindings` package) and gives the engine's
-steps and the decoder disjoint sets: on an H200, a batch-256 step beside back-to-back decoder
-calls took 11.2 ms on 56 SMs of its own against 13.2 ms on every SM (10.3 ms alone, on 56 SMs
-or on all: the step is set by its ~1,100 short kernels, not by SM count; docs/benchmarks.md
-§6.20). A CUDA graph launched on a green context's stream runs on that context's SMs.
+(`cuDevSmResourceSplitByCount`, from NVIDIA's `cuda-bindings` package) and gives the engine and
+the decoder disjoint sets. The server reserves the engine's set (setting `engine_sms`): the
+decoder never runs there, the engine's eager kernels run only there, and its decode graphs,
+captured on PyTorch's capture stream, may also use idle decoder SMs at their stream's high
+priority. On an H200 that kept every stream fed at 448 streams in 3 of 3 runs, where
+confining the graphs too (`confine_engine_graphs`) cut the engine's steps per second by a
+quarter (docs/benchmarks.md §6.21).
 """
 
 from __future__ import annotations

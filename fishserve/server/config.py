@@ -128,9 +128,10 @@ class ServerConfig(BaseModel):
     # Run the decoder on this many of the GPU's SMs (a CUDA green context), leaving the rest to
     # the engine's kernels while it is busy; None: the decoder may use every SM.
     decoder_sms: int | None = Field(None, ge=1)
-    # Run the engine's steps on this many SMs (a green context) disjoint from the decoder's,
-    # which then gets decoder_sms of the others (None: all of them); None: the steps may use
-    # every SM, the decoder's included. Needs NVIDIA's cuda-bindings package.
+    # Reserve this many SMs for the engine (green contexts): the decoder runs on decoder_sms of
+    # the others (None: all of them), the engine's eager kernels only on these, its CUDA
+    # graphs anywhere (see confine_engine_graphs); None: no partition. Needs NVIDIA's
+    # cuda-bindings package.
     engine_sms: int | None = Field(None, ge=1)
     # With engine_sms: capture the engine's decode graphs on its partition's stream, so they
     # run on its SMs only. Off: only its eager kernels (prefill, copies) stay there and the

@@ -433,7 +433,7 @@ def sm_partitions(
         device, config.engine_sms, config.decoder_sms, priority
     )
     log.info(
-        "engine steps on %d SMs, the decoder on %d others (of %d)",
+        "%d SMs reserved for the engine, the decoder on %d others (of %d)",
         engine.num_sms,
         decoder.num_sms,
         engine.total_sms,
