@@ -217,8 +217,8 @@ class LLMEngine:
             config.static_prefill_tokens,
             ASYNC_STEP_STREAM_PRIORITY if config.async_scheduling else STEP_STREAM_PRIORITY,
             config.compile_fast_transformer,
-            step_stream,
-            config.confine_graphs,
+            stream=step_stream,
+            graphs_on_stream=config.confine_graphs,
         )
         self.sequences: dict[str, Sequence] = {}
         self.frames_generated = 0

@@ -232,8 +232,6 @@ class ModelRunner:
         if on_gpu and stream is None:
             stream = torch.cuda.Stream(self.device, priority=stream_priority)
         self.stream = stream
-        if self.stream is not None:
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))  # start-up work
         self.graphs: CudaGraphDecoder | None = None
         if on_gpu and not enforce_eager:
             self.graphs = CudaGraphDecoder(
@@ -246,6 +244,8 @@ class ModelRunner:
                 self.compile_codes,
                 capture_stream=self.stream if graphs_on_stream else None,
             )
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))  # start-up work
         # Frames reach the host through pinned memory: a pageable copy blocked the decoder
         # thread's CUDA calls while it waited for the step (`fishserve.engine.host_copy`).
         # Asynchronous steps use it too: a step's frames are read before the next step's

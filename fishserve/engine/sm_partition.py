@@ -19,10 +19,10 @@ contexts overlap. `make_disjoint_partitions` splits the SMs once through the dri
 (`cuDevSmResourceSplitByCount`, from NVIDIA's `cuda-bindings` package) and gives the engine and
 the decoder disjoint sets. The server reserves the engine's set (setting `engine_sms`): the
 decoder never runs there, the engine's eager kernels run only there, and its decode graphs,
-captured on PyTorch's capture stream, may also use idle decoder SMs at their stream's high
-priority. On an H200 that kept every stream fed at 448 streams in 3 of 3 runs, where
-confining the graphs too (`confine_engine_graphs`) cut the engine's steps per second by a
-quarter (docs/benchmarks.md §6.21).
+captured on PyTorch's capture stream, may also use idle decoder SMs (at their stream's
+priority: high unless `async_scheduling`). On an H200 that kept every stream fed at 448
+streams in 3 of 3 runs, where confining the graphs too (`confine_engine_graphs`) cut the
+engine's steps per second by a quarter (docs/benchmarks.md §6.21).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ class SMPartition:
     Attributes:
         num_sms: SMs requested (the driver may round up to its granularity).
         total_sms: SMs of the whole device.
-        stream: the stream; kernels and CUDA graphs launched on it use the partition only.
+        stream: the stream; kernels launched on it, and CUDA graphs captured on it, use the
+            partition only (a graph captured elsewhere may use any SM wherever replayed).
     """
 
     num_sms: int
@@ -173,8 +174,8 @@ def plan_disjoint_groups(
 def make_disjoint_partitions(
     device: torch.device, engine_sms: int, decoder_sms: int | None, engine_priority: int = 0
 ) -> tuple[SMPartition, SMPartition]:
-    """Green contexts on disjoint SMs for the engine's steps and for the decoder, and a stream
-    of each (made on the first call, the same ones after: see `SMPartition`).
+    """Green contexts on disjoint SMs for the engine (reserved for it) and for the decoder, and
+    a stream of each (made on the first call, the same ones after: see `SMPartition`).
 
     The driver splits the device's SMs into equal groups (at least its minimum partition
     size, 8 on Hopper; it may make them larger); see `plan_disjoint_groups` for who gets
@@ -182,7 +183,7 @@ def make_disjoint_partitions(
 
     Args:
         device: a CUDA device.
-        engine_sms: SMs for the engine's steps (rounded up to whole groups).
+        engine_sms: SMs reserved for the engine (rounded up to whole groups).
         decoder_sms: SMs for the decoder (rounded up); None: all SMs the engine leaves.
         engine_priority: CUDA priority of the engine's stream (lower is higher).
 

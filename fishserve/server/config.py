@@ -136,7 +136,7 @@ class ServerConfig(BaseModel):
     # With engine_sms: capture the engine's decode graphs on its partition's stream, so they
     # run on its SMs only. Off: only its eager kernels (prefill, copies) stay there and the
     # graphs may use the decoder's SMs too, at the step stream's priority (docs/benchmarks.md
-    # §6.21: confined graphs ran 25-30% fewer steps per second end to end).
+    # §6.21: confined, the engine ran about a quarter fewer steps per second at 448 streams).
     confine_engine_graphs: bool = False
     max_reference_seconds: float = Field(30.0, gt=0, allow_inf_nan=False)
     # HTTP

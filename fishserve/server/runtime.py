@@ -357,7 +357,7 @@ def check_settings(config: ServerConfig) -> None:
         ValueError: CUDA asked for but absent, a bad budget, a fraction of GPU memory on CPU,
             Triton decoder kernels where they cannot run, async_scheduling with gpu_sharing
             turns, dummy_logits with real weights, engine_sms without cuda-bindings,
-            confine_engine_graphs without engine_sms, bad
+            confine_engine_graphs without engine_sms or with enforce_eager, bad
             step-profiler variables (`StepProfiler.from_env`).
         FileNotFoundError: a checkpoint folder, decoder weights or decoder config is missing.
         ValueError: also `references_dir` exists but is not a folder.
@@ -365,13 +365,15 @@ def check_settings(config: ServerConfig) -> None:
     device = resolve_device(config.device)
     resolve_kernels(config.decoder_kernels, device, capability=False)  # no CUDA context here
     StepProfiler.from_env()  # bad profiler variables fail here, before anything loads
+    if config.confine_engine_graphs and config.engine_sms is None:
+        raise ValueError("confine_engine_graphs needs engine_sms (the SMs to confine them to)")
+    if config.confine_engine_graphs and config.enforce_eager:
+        raise ValueError("confine_engine_graphs does nothing with enforce_eager (no CUDA graphs)")
     for name in ("decoder_sms", "engine_sms"):
         if getattr(config, name) is not None and device.type != "cuda":
             raise ValueError(f"{name} needs a CUDA device, but the device is {device}")
     if config.engine_sms is not None and not cuda_bindings_installed():
         raise ValueError(NO_CUDA_BINDINGS)
-    if config.confine_engine_graphs and config.engine_sms is None:
-        raise ValueError("confine_engine_graphs needs engine_sms (the SMs to confine them to)")
     if config.async_scheduling and config.gpu_sharing == "turns":
         raise ValueError(
             "async_scheduling needs gpu_sharing overlap: with turns each step waits for its "

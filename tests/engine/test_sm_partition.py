@@ -2,7 +2,8 @@
 
 The driver calls run against a fake of `cuda.bindings.driver` on the CPU; on a GPU with
 `cuda-bindings`, a Triton kernel reads the SM each program ran on (`%smid`) to check that work
-launched on each partition's stream, a CUDA graph's replay included, stays on its SMs.
+launched on each partition's stream, and a CUDA graph captured on it, stays on its SMs (and
+that a graph captured elsewhere does not: what `confine_graphs` is for).
 """
 
 from __future__ import annotations
@@ -313,7 +314,8 @@ def test_work_on_each_partition_stays_on_its_own_sms() -> None:
     assert len(replayed) <= engine.num_sms
     # Replayed on the engine's stream, a graph captured outside its context reaches the
     # decoder's SMs: what confine_graphs (off by default) is for.
-    assert not used(engine.stream, anywhere.replay, out).isdisjoint(on_decoder)
+    reached = used(engine.stream, anywhere.replay, out)
+    assert not reached.isdisjoint(on_decoder), "the driver now confines graphs captured elsewhere"
 
 
 # --------------------------------------------------------------------------- who uses them

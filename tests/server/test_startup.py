@@ -96,6 +96,10 @@ TRITON_ON_CPU = pytest.param(
         ([*TINY, "--engine-sms", "0"], "engine_sms = 0 (from --engine-sms)"),
         ([*TINY, "--confine-engine-graphs"], "confine_engine_graphs needs engine_sms"),
         (
+            [*TINY, "--engine-sms", "56", "--confine-engine-graphs", "--enforce-eager"],
+            "confine_engine_graphs does nothing with enforce_eager",
+        ),
+        (
             [*TINY, "--async-scheduling", "--gpu-sharing", "turns"],
             "async_scheduling needs gpu_sharing overlap",
         ),

@@ -35,10 +35,13 @@ for run in out["code"]:
         levels.append(dict(bench["levels"][0], label=name))
         requests[name] = [
             [round(r["start_s"], 3), r["ttfa_s"] and round(r["ttfa_s"], 4),
-             r["stall_s"] and round(r["stall_s"], 3)]
+             r["stall_s"] and round(r["stall_s"], 5)]
             for r in bench["requests"]
         ]
     out["runs"][run] = {"levels": levels, "requests": requests}
+    health = f"/tmp/dd/{run}/health_end.json"  # /health after the run's last level
+    if os.path.exists(health):
+        out["runs"][run]["health_end"] = json.loads(Path(health).read_text())
 # G1 at 512 and 576 streams: their bench.json did not come back (the device's file-count
 # limit); the summary lines summ.py printed on the device (ttfa = p50/p90/p99).
 out["runs"]["G1"]["summary_only"] = {
