@@ -234,7 +234,8 @@ _DISJOINT: dict[int, tuple[tuple[int, int | None, int], tuple[SMPartition, SMPar
 
 NO_CUDA_BINDINGS = (
     "engine_sms needs NVIDIA's cuda-bindings package for the driver's SM split "
-    "(pip install cuda-bindings, the version matching the CUDA driver)"
+    "(pip install cuda-bindings of the CUDA major version of PyTorch's build, e.g. "
+    "'cuda-bindings==12.*' for torch.version.cuda 12.x)"
 )
 
 

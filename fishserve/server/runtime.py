@@ -371,7 +371,8 @@ def check_settings(config: ServerConfig) -> None:
         raise ValueError("confine_engine_graphs does nothing with enforce_eager (no CUDA graphs)")
     for name in ("decoder_sms", "engine_sms"):
         if getattr(config, name) is not None and device.type != "cuda":
-            raise ValueError(f"{name} needs a CUDA device, but the device is {device}")
+            found = " (--device auto found no CUDA GPU)" if config.device == "auto" else ""
+            raise ValueError(f"{name} needs a CUDA device, but the device is {device}{found}")
     if config.engine_sms is not None and not cuda_bindings_installed():
         raise ValueError(NO_CUDA_BINDINGS)
     if config.async_scheduling and config.gpu_sharing == "turns":
