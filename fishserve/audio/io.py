@@ -1,8 +1,9 @@
 """Audio file decoding (reference voices) and writing (by extension), output path checks.
 
-``load_audio`` decodes anything PyAV/FFmpeg reads (wav, flac, mp3, ogg/vorbis, ogg/opus, m4a, ...)
-plus raw float ``.npy`` arrays, averages channels to mono and resamples with soxr (high quality)
-to the model rate (44.1 kHz for Fish Speech 1.5, spec §4.6 step 1).
+``load_audio`` decodes the audio containers PyAV/FFmpeg reads (wav, flac, mp3, ogg/vorbis,
+ogg/opus, m4a, webm, ...; `AUDIO_DEMUXERS`: no others are probed) plus raw float ``.npy``
+arrays, averages channels to mono and resamples with soxr (high quality) to the model rate
+(44.1 kHz for Fish Speech 1.5, spec §4.6 step 1).
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ _NPY_MAGIC = b"\x93NUMPY"
 # common studio formats (DXD); 8 channels is 7.1 surround.
 MAX_SAMPLE_RATE = 384_000
 MAX_CHANNELS = 8
+# FFmpeg's demuxers for audio files, the only ones probed (`format_whitelist`, an option of
+# libavformat's AVFormatContext): others read more than the bytes given, e.g. an SDP text
+# opens UDP sockets and waits for RTP, an ffconcat list reads local files. No protocol may be
+# opened either (`protocol_whitelist`): the input is the bytes, through PyAV's own I/O.
+AUDIO_DEMUXERS = ("wav", "w64", "flac", "mp3", "ogg", "mov", "matroska", "aac", "aiff", "caf", "au")
+SUPPORTED_CONTAINERS = "wav, w64, flac, mp3, ogg, m4a/mp4, webm/mkv, aac, aiff, caf, au"
+_DEMUX_OPTIONS = {"format_whitelist": ",".join(AUDIO_DEMUXERS), "protocol_whitelist": "none"}
 # Output file extension -> encoder format; `.npy` is the raw float32 waveform.
 AUDIO_OUTPUT_SUFFIXES: dict[str, AudioFormat | None] = {
     ".wav": AudioFormat.WAV,
@@ -244,12 +252,16 @@ def _decode_av(data: bytes, label: str, max_seconds: float | None = None) -> tup
     if not data:
         raise EmptyAudioError(f"{label}: empty input")
     try:
-        with av.open(io.BytesIO(data), mode="r") as container:
+        with av.open(io.BytesIO(data), mode="r", options=_DEMUX_OPTIONS) as container:
             if not container.streams.audio:
                 raise AudioDecodeError(f"{label}: no audio stream found")
             chunks, rate = _decode_frames(container, label, max_seconds)
     except AudioDecodeError:
         raise
+    except av.error.ArgumentError as exc:  # probed as a container outside AUDIO_DEMUXERS
+        raise AudioDecodeError(
+            f"{label}: not an audio file in a supported container ({SUPPORTED_CONTAINERS})"
+        ) from exc
     except (av.error.FFmpegError, ValueError, OSError, RuntimeError) as exc:
         why = getattr(exc, "strerror", None) or str(exc)  # FFmpeg's text, without errno/file
         raise AudioDecodeError(f"{label}: not a readable audio file ({why})") from exc

@@ -111,8 +111,8 @@ def prepare_reference_audio(
     if audio.size < min_samples:
         raise ReferenceAudioError(
             "too_short",
-            f"{label} is {audio.size / sample_rate:.3f} s long; at least "
-            f"{min_samples / sample_rate:.3f} s is needed",
+            f"{label} is {audio.size} samples long at {sample_rate} Hz; at least "
+            f"{min_samples} ({min_samples / sample_rate:.3f} s) are needed",
         )
     peak = float(np.abs(audio).max())
     if peak == 0:

@@ -37,7 +37,7 @@ def _state(request: Request) -> ServerState:
 async def add_reference(
     request: Request,
     id: Annotated[str | None, Form()] = None,
-    audio: Annotated[UploadFile | None, File()] = None,
+    audio: Annotated[UploadFile | str | None, File()] = None,
     text: Annotated[str, Form()] = "",
 ) -> JSONResponse:
     """Store a voice: multipart `id`, `audio` (any common container), `text` (transcript).
@@ -58,6 +58,10 @@ async def add_reference(
         missing = " and ".join(n for n, v in (("id", id), ("audio", audio)) if v is None)
         raise ApiError(422, f"{missing} missing: {ADD_USAGE}", "id" if id is None else "audio")
     await _check_add_fields(request)
+    if isinstance(audio, str):  # a text field, or a file part with an empty filename
+        raise ApiError(
+            422, "audio must be a file part (a form field with a filename), not text", "audio"
+        )
     try:
         validate_voice_id(id)
     except InvalidVoiceIdError as exc:

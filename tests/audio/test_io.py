@@ -198,3 +198,58 @@ def test_a_channel_count_that_changes_inside_the_stream_is_named() -> None:
     assert len(load_audio(_adts_aac(2))) > 0
     with pytest.raises(AudioDecodeError, match="channel count changes inside the stream"):
         load_audio(_adts_aac(1) + _adts_aac(2))
+
+
+def _encoded(container: str, codec: str, rate: int) -> bytes:
+    """0.2 s of a tone in `container` with `codec`, by PyAV's own encoders."""
+    import av
+
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format=container) as out:
+        stream = out.add_stream(codec, rate=rate, layout="mono")
+        tone = (0.3 * np.sin(np.arange(rate // 5) / 10)).astype(np.float32)
+        frame = av.AudioFrame.from_ndarray(tone[None], format="flt", layout="mono")
+        frame.sample_rate, frame.pts = rate, 0
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("container", "codec", "rate"),
+    [
+        ("ipod", "aac", 44100),  # .m4a
+        ("mp4", "aac", 44100),
+        ("webm", "libopus", 48000),
+        ("matroska", "libopus", 48000),
+        ("adts", "aac", 44100),
+        ("aiff", "pcm_s16be", 44100),
+        ("caf", "pcm_s16le", 44100),
+        ("au", "pcm_s16be", 44100),
+        ("w64", "pcm_s16le", 44100),
+    ],
+)
+def test_every_supported_container_decodes(container: str, codec: str, rate: int) -> None:
+    """The containers `AUDIO_DEMUXERS` lets FFmpeg probe (besides wav, flac, ogg and mp3
+    above) still decode: ~0.2 s of audio at 44.1 kHz."""
+    audio = load_audio(_encoded(container, codec, rate))
+    assert 0.15 < len(audio) / 44100 < 0.3 and np.abs(audio).max() > 0.1
+
+
+SDP = (
+    b"v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=x\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+    b"m=audio 18490 RTP/AVP 0\r\n"
+)
+
+
+@pytest.mark.parametrize("kind", ["sdp", "ffconcat"])
+def test_containers_that_open_other_inputs_are_refused(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SDP text made FFmpeg open UDP sockets and wait ~20 s for RTP; an ffconcat list read
+    a local file as the voice. Both are refused at once, as not a supported container."""
+    monkeypatch.chdir(tmp_path)
+    write_wav(tmp_path / "local.wav", np.full(4410, 0.5, dtype=np.float32), 44100)
+    data = SDP if kind == "sdp" else b"ffconcat version 1.0\nfile local.wav\n"
+    with pytest.raises(AudioDecodeError, match="not an audio file in a supported container"):
+        load_audio(data)

@@ -164,7 +164,7 @@ def silent_wav(peak: float) -> bytes:
         (b"", "empty", "empty"),
         (soundfile_bytes(np.zeros(0, dtype=np.float32), 44100), "empty", "no audio samples"),
         (b"definitely not audio " * 50, "undecodable", "cannot be decoded"),
-        (soundfile_bytes(voice(44100)[:100], 44100), "too_short", "at least"),
+        (soundfile_bytes(voice(44100)[:100], 44100), "too_short", "100 samples long at 44100 Hz"),
         (silent_wav(0.0), "silent", "silent"),
         (silent_wav(5e-4), "silent", "-66.0 dBFS"),
         (soundfile_bytes(np.full(44100, -1.0), 44100), "silent", "a constant 0.0 dBFS"),

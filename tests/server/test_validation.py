@@ -415,6 +415,29 @@ def test_a_transcript_with_control_characters_is_refused(server, text, code):
     assert "ctl" not in httpx.get(server.url + "/v1/references/list").json()["reference_ids"]
 
 
+def test_audio_sent_as_text_is_refused_with_its_reason(server):
+    body, kind = multipart({"id": b"as-text", "text": b"t"})
+    field = b'--fishserveboundary\r\nContent-Disposition: form-data; name="audio"\r\n\r\n'
+    body = field + TONE + b"\r\n" + body  # a text field: no filename
+    response = httpx.post(
+        server.url + "/v1/references/add", content=body, headers={"content-type": kind}
+    )
+    assert response.status_code == 422, response.text
+    assert "audio must be a file part" in response.json()["message"]
+    assert response.json()["error"]["param"] == "audio"
+
+
+def test_an_sdp_reference_is_refused_at_once(server):
+    """FFmpeg would open UDP sockets for it and wait ~20 s for RTP (`AUDIO_DEMUXERS`)."""
+    sdp = b"v=0\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\nm=audio 18490 RTP/AVP 0\r\n"
+    body, kind = multipart({"id": b"sdp", "text": b"t", "audio": sdp})
+    response = httpx.post(
+        server.url + "/v1/references/add", content=body, headers={"content-type": kind}
+    )
+    assert response.status_code == 400, response.text
+    assert "not an audio file in a supported container" in response.json()["message"]
+
+
 def test_a_transcript_keeps_tabs_line_breaks_and_accents(server):
     body, kind = multipart(
         {"id": b"accents", "text": "Café\tnaïve\r\nline".encode(), "audio": TONE}
