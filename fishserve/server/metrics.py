@@ -172,6 +172,7 @@ class Metrics:
         `encoding`: requests encoding their references (counted as waiting)."""
         status = runtime.status()
         self.update_engine(status.engine, encoding)
+        self.waiting.set(runtime.pending() + encoding)  # as admission counts (`pending`)
         self.decoder_lag.set(status.decoder_lag_seconds)
         self._advance("gil_wait", self.gil_wait, status.gil_wait_seconds)
         self._advance("gil_wakeups", self.gil_wakeups, status.gil_wakeups)

@@ -190,7 +190,10 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
     stats, info = now.engine, runtime.info
     status = "ok"
     lagging = decoder_behind(now.decoder_lag_seconds, config.max_decoder_lag)
-    waiting = stats.waiting + state.encoding  # encoding their references: not yet admitted
+    # As admission counts them (`Runtime.pending`: with an engine process, also the requests
+    # sent since its last status that its free slots cannot take); plus those encoding their
+    # references, not yet admitted. A stalled engine process sends no status: its count stays.
+    waiting = runtime.pending() + state.encoding
     if waiting >= config.max_waiting or now.memory_critical or lagging:
         status = "busy"
     if not now.alive:

@@ -152,21 +152,31 @@ class ServerState:
         """
         while True:
             await asyncio.sleep(interval)
-            runtime = self._runtime
-            if runtime is None:
-                if self._replacing and time.monotonic() - self._failed_at >= LOAD_RETRY_S:
-                    await self._replace(None)
-                continue
-            if runtime.restartable and runtime.needs_restart():
-                log.error("the engine process is not running; starting a new one")
-                await self._replace(runtime)
+            try:
+                await self._check_engine()
+            except Exception:  # a bug here must not stop the watching
+                log.exception("the engine watcher failed; it goes on watching")
+
+    async def _check_engine(self) -> None:
+        """One look of `watch_engine`: replace a dead engine process, retry a failed load."""
+        runtime = self._runtime
+        if runtime is None:
+            if self._replacing and time.monotonic() - self._failed_at >= LOAD_RETRY_S:
+                await self._replace(None)
+            return
+        if runtime.restartable and runtime.needs_restart():
+            log.error("the engine process is not running; starting a new one")
+            await self._replace(runtime)
 
     async def _replace(self, runtime: ServingRuntime | None) -> None:
         """Unload `runtime` (if any) and load a new one; a failure is retried later."""
         self.restarting = self._replacing = True
         try:
             if runtime is not None:
-                await self.unload()
+                try:
+                    await self.unload()
+                except Exception:  # stopping it or taking its totals: load a new one anyway
+                    log.exception("stopping the dead engine process failed")
             with contextlib.suppress(ModelLoadError):  # logged; /health shows load_error
                 await self.load()
                 self._replacing = False
@@ -181,7 +191,10 @@ class ServerState:
             idle = time.monotonic() - self.last_activity
             if self._runtime is not None and self.active_requests == 0 and idle >= limit:
                 log.info("unloading models after %.0f s idle", idle)
-                await self.unload()
+                try:
+                    await self.unload()
+                except Exception:  # the runtime is dropped already; the next request loads
+                    log.exception("unloading the models failed")
 
 
 def _bug(exc: Exception) -> Exception | None:

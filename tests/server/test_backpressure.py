@@ -427,3 +427,14 @@ def test_references_are_encoded_on_their_own_bounded_pool(tmp_path):
         assert added.status_code == 200, added.text
         assert threads and all(name.startswith("fishserve-reference") for name in threads)
         assert runtime.reference_pool._max_workers == REFERENCE_WORKERS
+
+
+def test_health_and_metrics_count_waiting_as_admission_does(tmp_path, monkeypatch):
+    """/health and the gauge report `Runtime.pending` (with an engine process it adds the
+    requests sent since the core's last status), not only the engine's last count: a stalled
+    core's status stayed at its last count while requests piled up behind it."""
+    with LiveServer(tiny_server_config(tmp_path, max_waiting=16)) as live:
+        monkeypatch.setattr(live.state.runtime, "pending", lambda: 7)
+        health = httpx.get(live.url + "/health").json()
+        assert health["requests"]["waiting"] == 7 and health["status"] == "ok"
+        assert "fishserve:num_requests_waiting 7.0" in metrics(live)

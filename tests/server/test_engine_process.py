@@ -214,6 +214,42 @@ def test_a_stalled_core_times_requests_out_and_is_reported(tmp_path, monkeypatch
             os.kill(pid, signal.SIGCONT)
 
 
+def test_a_dead_core_that_fails_to_stop_is_replaced_all_the_same(tmp_path):
+    """An error while stopping the dead core (or taking its totals) is logged, and the new
+    one loads: it ended the watcher before, leaving the server without an engine."""
+    import asyncio
+
+    from fishserve.server.state import ServerState
+
+    class BrokenDeadCore:
+        restartable = True
+
+        def needs_restart(self) -> bool:
+            return True
+
+        def shutdown(self) -> None:
+            raise RuntimeError("the pipe is closed")
+
+    class Healthy:
+        restartable = True
+
+        def needs_restart(self) -> bool:
+            return False
+
+    state = ServerState(tiny_server_config(tmp_path), lambda config: Healthy(), BrokenDeadCore())
+
+    async def run() -> None:
+        watcher = asyncio.create_task(state.watch_engine(interval=0.05))
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if isinstance(state.runtime, Healthy):
+                break
+        watcher.cancel()
+
+    asyncio.run(run())
+    assert isinstance(state.runtime, Healthy)
+
+
 def test_a_replacement_that_fails_to_load_is_tried_again(tmp_path, monkeypatch):
     import asyncio
 
@@ -236,6 +272,9 @@ def test_a_replacement_that_fails_to_load_is_tried_again(tmp_path, monkeypatch):
             from fishserve.server.runtime import RuntimeStatus
 
             return RuntimeStatus(EngineStats(0, 0, 0, 0, 0, 0), False, None, False, 0.0, 0, 0)
+
+        def pending(self) -> int:
+            return 0
 
     class Healthy(DeadCore):
         def needs_restart(self) -> bool:
