@@ -293,7 +293,7 @@ def test_metrics_count_work_across_a_model_reload():
         stats = EngineStats(0, 0, 8, 8, 0, frames, busy, frames // 2, full_sort_rows=frames // 10)
         status = RuntimeStatus(stats, True, None, False, busy, calls, frames, calls * 2)
         status.gil_wait_seconds, status.gil_wakeups = busy / 100, frames
-        return SimpleNamespace(status=lambda: status)
+        return SimpleNamespace(status=lambda: status, pending=lambda: 0)
 
     metrics = Metrics()
     metrics.update_runtime(runtime(40, 3, 2.0))  # a scrape
