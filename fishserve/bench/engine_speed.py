@@ -51,6 +51,22 @@ class EngineBenchResult:
     profile: StepProfile | None = None
 
 
+def check_fits_context(max_seq_len: int, context: int, frames: int, profile: int) -> None:
+    """Refuse a run whose sequences would reach the model's context (`max_seq_len` positions)
+    before its timed and profiled steps end: they would finish, and the remaining steps time
+    empty batches.
+
+    Raises:
+        ValueError: naming the options.
+    """
+    needed = context + frames + profile + 8  # + the first frame and fill_decode's margin
+    if needed > max_seq_len:
+        raise ValueError(
+            f"--context {context} + --frames {frames} + --profile-steps {profile} (+8) = "
+            f"{needed} positions; the model's context is {max_seq_len}: lower them"
+        )
+
+
 def prompt_text(tokenizer: FishTokenizer, positions: int) -> str:
     """A text whose prompt is about `positions` long (prompt overhead subtracted)."""
     overhead = len(tokenizer.encode("<|im_start|>user\n<|im_end|><|im_start|>assistant\n")) + 1
@@ -258,7 +274,12 @@ def run_engine_bench(
 
     `top_k_prefilter` is the engine's (random weights give flat logits: every row falls back to
     the full sort, the slowest case; `fishserve bench-sampler` times both cases).
+
+    Raises:
+        ValueError: context + frames + profile do not fit in the model's context (steps past
+            it would time empty batches: impossible frames/s).
     """
+    check_fits_context(model.config.max_seq_len, context, frames, profile)
     results: list[EngineBenchResult] = []
     with progress_bar(console=console) as progress:
         task = progress.add_task("engine bench", total=len(kv_dtypes) * len(modes))

@@ -23,6 +23,9 @@ from fishserve.bench.workload import (
 
 MEMORY_SOURCES = ("auto", "health", "nvml", "nvidia-smi", "none")
 MAX_SIZE = 65_536  # batch sizes of the speed benches: beyond any GPU's memory for these models
+# Streams one `bench` keeps open at most: each holds an HTTP client (~30 KB, made before the
+# first request is sent), and 16,384 is far beyond what one GPU serves in real time.
+MAX_CONCURRENCY = 16_384
 
 
 def parse_numbers(text: str, what: str) -> list[float]:
@@ -195,12 +198,20 @@ def bench_options(
     if ramp and mode != "concurrency":
         raise ValueError("--ramp applies to --mode concurrency only (Poisson arrivals are spread)")
     check_url(url)
-    check_output_dir(rest["output_dir"])
-    items, name = load_workload(workload, lengths, languages)
+    for key in ("sample_rate", "frame_rate"):
+        value = rest.get(key)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"--{key.replace('_', '-')} must be a positive number, got {value}")
     if mode == "concurrency":
         levels = parse_numbers(concurrency, "--concurrency")
+        if max(levels) > MAX_CONCURRENCY:
+            raise ValueError(
+                f"--concurrency: at most {MAX_CONCURRENCY:,} streams, got {concurrency!r}"
+            )
     else:
         levels = parse_numbers(rate, "--rate")
+    items, name = load_workload(workload, lengths, languages)
+    check_output_dir(rest["output_dir"])  # last: a refused run leaves no folder behind
     return BenchOptions(
         url=url,
         workload=items,

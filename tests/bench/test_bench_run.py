@@ -113,6 +113,26 @@ def test_cli_bench_runs_and_unreachable_server_exits_2(url, tmp_path):
     assert result.exit_code == 2 and "cannot reach" in result.output
 
 
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--concurrency", "100000000"], "--concurrency: at most 16,384 streams"),
+        (["--concurrency", "0"], "--concurrency: expected positive numbers"),
+        (["--sample-rate", "0"], "--sample-rate must be a positive number"),
+        (["--frame-rate", "nan"], "--frame-rate must be a positive number"),
+        (["--frame-rate", "-5"], "--frame-rate must be a positive number"),
+    ],
+)
+def test_bad_bench_options_are_refused_before_anything_is_made(tmp_path, option, message):
+    """A huge concurrency made every HTTP client up front (21 GB, deaf to Ctrl-C); a zero
+    sample rate divided by zero; nothing is sent and no report folder is left behind."""
+    out = tmp_path / "report"
+    args = ["bench", "--url", "http://127.0.0.1:9", "--output-dir", str(out), *option]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not out.exists()
+
+
 def test_requests_spread_over_several_http_clients(url, tmp_path, monkeypatch):
     """Above `REQUESTS_PER_CLIENT` streams the requests go through several clients (one pool
     for hundreds of streams stalled the load generator), and the run stays clean."""

@@ -14,6 +14,9 @@ from fishserve.cli import app
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
+TINY_ENGINE = ["bench-engine", "--checkpoint", str(FIXTURES / "tiny_t2s"), "--device", "cpu"]
+
+
 def run(args: list[str]) -> None:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -126,6 +129,7 @@ def test_bench_engine_profiles_steps_on_request(tmp_path: Path) -> None:
         (["bench-decoder", "--device", "cpu", "--modes", "triton-pipelined"], "need a CUDA"),
         (["bench-engine", "--modes", "bogus"], "--modes"),
         (["bench-engine", "--kv-cache-dtypes", "int4"], "--kv-cache-dtypes"),
+        ([*TINY_ENGINE, "--context", "50", "--frames", "1000"], "the model's context is 256"),
         (["bench", "--ramp", "inf"], "--ramp"),
         (["bench", "--mode", "poisson", "--ramp", "2"], "--ramp"),
         (["bench", "--url", "notaurl"], "--url"),
