@@ -177,6 +177,8 @@ def check_synth_options(opts: SynthesisOptions) -> None:
     check_output_path(opts.output, "--output", AUDIO_OUTPUT_SUFFIXES)
     if opts.codes_output is not None:
         check_output_path(opts.codes_output, "--codes-output", CODES_SUFFIXES)
+        if Path(opts.codes_output).resolve() == Path(opts.output).resolve():
+            raise ValueError(f"--codes-output {opts.codes_output} is --output too: give two files")
     if opts.reference_audio is not None and opts.reference_codes is not None:
         raise ValueError("give --reference-audio or --reference-codes, not both")
     for option, path in (

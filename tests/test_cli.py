@@ -251,6 +251,8 @@ SYNTH = ["synth", "--checkpoint", str(TINY_T2S), *DECODER, "--text", "Hi."]
         ([*SYNTH, "--output", "dir.wav"], "is a folder"),
         ([*SYNTH, "--output", "x.wav", "--codes-output", "/nonexistent/c.npy"], "does not exist"),
         ([*SYNTH, "--output", "x.wav", "--codes-output", "c.txt"], "use one of .npy"),
+        ([*SYNTH, "--output", "c.npy", "--codes-output", "./c.npy"], "is --output too"),
+        ([*SYNTH, "--output", "/proc/x.wav"], "--output /proc/x.wav: cannot write there"),
         ([*SYNTH, "--output", "x.wav", "--reference-audio", "nope.wav"], "not found"),
         ([*SYNTH, "--output", "x.wav", "--max-new-tokens", "1"], ">= 2"),
         ([*SYNTH, "--output", "x.wav", "--temperature", "inf"], "--temperature must be a finite"),

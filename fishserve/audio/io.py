@@ -12,6 +12,7 @@ import io
 import logging
 import math
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -180,6 +181,15 @@ def check_output_path(path: str | Path, option: str, suffixes: Iterable[str]) ->
         raise IsADirectoryError(f"{option} {path} is a folder, not a file")
     if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise PermissionError(f"{option} {path}: no permission to write there")
+    try:  # what permission bits do not say (root, /proc, a read-only mount): try it
+        if path.exists():
+            with path.open("ab"):  # appends nothing: the file is left as it is
+                pass
+        else:
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+    except OSError as exc:
+        raise PermissionError(f"{option} {path}: cannot write there ({exc.strerror})") from exc
 
 
 def _suffix_message(path: Path, suffixes: Iterable[str]) -> str:

@@ -156,7 +156,8 @@ def resolve_device(name: str) -> torch.device:
     """`auto` -> cuda if available else cpu; otherwise the named torch device.
 
     Raises:
-        ValueError: unknown device string, or CUDA asked for but not available.
+        ValueError: unknown or unsupported device string (only cpu and cuda are), or CUDA
+            asked for but not available.
     """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -164,6 +165,8 @@ def resolve_device(name: str) -> torch.device:
         device = torch.device(name)
     except RuntimeError as exc:
         raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N") from exc
+    if device.type not in ("cpu", "cuda"):  # meta, mps, xpu, ...: not supported here
+        raise ValueError(f"unsupported device {name!r}: use auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} requested but CUDA is not available")
     return device

@@ -36,3 +36,20 @@ def test_peaked_logits_need_random_weights() -> None:
         load_text2semantic(TINY_T2S, dummy_logits="peaked")
     with pytest.raises(ValueError, match="dummy_logits must be one of"):
         load_text2semantic(TINY_T2S, load_format="dummy", dummy_logits="spiky")
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("tpu", "unknown device 'tpu'"),
+        ("meta", "unsupported device 'meta'"),
+        ("mps", "unsupported device 'mps'"),
+    ],
+)
+def test_only_cpu_and_cuda_devices_are_taken(name: str, message: str) -> None:
+    """meta and mps parse as torch devices but crashed later with a traceback."""
+    from fishserve.models.loading import resolve_device
+
+    with pytest.raises(ValueError, match=message):
+        resolve_device(name)
+    assert resolve_device("cpu") == torch.device("cpu")
