@@ -77,10 +77,13 @@ DecoderCfgOpt = Annotated[
         "--decoder-config", help="Decoder config (official yaml/json); default: released."
     ),
 ]
+# More torch threads than this fail inside OpenMP (failed to map segment, MemoryError).
+MAX_THREADS = 1024
 ThreadsOpt = Annotated[
     int | None,
     typer.Option(
         min=1,
+        max=MAX_THREADS,
         help="CPU threads of torch (torch.set_num_threads); default: one per core. On a busy "
         "machine --threads 1 can be several times faster.",
     ),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -323,7 +324,7 @@ def serve(
     runtime = None
     if not settings.lazy_load:
         logging.getLogger(__name__).info("loading models")
-        runtime = build_runtime(settings)
+        runtime = _build_or_explain(build_runtime, settings)
     app_ = create_app(settings, build_runtime, runtime)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()  # -v/-q
     install_accept_error_filter()
@@ -338,3 +339,22 @@ def serve(
         timeout_graceful_shutdown=settings.shutdown_timeout,
         **uvicorn_options(settings.max_connections),  # slow or silent connections are bounded
     )
+
+
+def _build_or_explain(build: Callable[[ServerConfig], Any], settings: ServerConfig) -> Any:
+    """`build(settings)`, with an allocation that cannot succeed (e.g. --num-kv-blocks beyond
+    the machine's memory) reported as one line (a ValueError: exit code 2), not a traceback.
+
+    Raises:
+        ValueError: the models, KV cache or workspaces do not fit in memory.
+    """
+    try:
+        return build(settings)
+    except (MemoryError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+        if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(
+            f"the models and KV cache do not fit in memory ({first}): lower --num-kv-blocks, "
+            "--max-num-seqs or --gpu-memory-budget"
+        ) from exc

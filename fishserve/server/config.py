@@ -59,7 +59,7 @@ class ServerConfig(BaseModel):
     dummy_logits: Literal["flat", "peaked"] = "flat"
     device: str = "auto"
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    threads: int | None = Field(None, ge=1)
+    threads: int | None = Field(None, ge=1, le=1024)  # more fail inside OpenMP
     # engine
     kv_cache_dtype: Literal["auto", "fp32", "bf16", "fp16", "int8", "fp8"] = "auto"
     block_size: int = Field(16, ge=1, le=1024)

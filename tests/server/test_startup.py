@@ -94,6 +94,7 @@ TRITON_ON_CPU = pytest.param(
             "engine_sms needs a CUDA device, but the device is cpu",
         ),
         ([*TINY, "--engine-sms", "0"], "engine_sms = 0 (from --engine-sms)"),
+        ([*TINY, "--threads", "100000"], "threads = 100000 (from --threads)"),
         ([*TINY, "--confine-engine-graphs"], "confine_engine_graphs needs engine_sms"),
         (
             [*TINY, "--engine-sms", "56", "--confine-engine-graphs", "--enforce-eager"],
@@ -115,6 +116,20 @@ def test_bad_settings_give_one_line_and_exit_2(serve, args, message, monkeypatch
     assert result.exit_code == 2, result.output
     assert result.output.startswith("error:") and message in result.output, result.output
     assert "Traceback" not in result.output and "pydantic.dev" not in result.output
+
+
+def test_a_kv_pool_beyond_memory_is_one_line(serve, monkeypatch):
+    """--num-kv-blocks 1000000000 asked the CPU allocator for 4 TB: a traceback before."""
+
+    def build(config):
+        raise RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory: you "
+                           "tried to allocate 4096000004096 bytes. Error code 12")  # fmt: skip
+
+    monkeypatch.setattr(runtime_module, "build_runtime", build)
+    result = serve(*TINY, "--num-kv-blocks", "1000000000")
+    assert result.exit_code == 2, result.output
+    assert "do not fit in memory" in result.output and "lower --num-kv-blocks" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_port_in_use_is_found_before_the_models_load(serve, busy_port, monkeypatch):
