@@ -9,6 +9,7 @@ trailing `<|im_end|>` frame, as the reference does (spec §6.2, gotcha 8).
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -64,6 +65,13 @@ class LongTextPlan:
         return frames[1:, 1:]
 
 
+def _speakable(segment: str) -> bool:
+    """Whether `segment` has a character other than control, format and space characters
+    (Unicode categories Cc, Cf, Z*): text of only those is refused, not spoken as noise."""
+    return any(unicodedata.category(c)[0] != "Z" and unicodedata.category(c) not in ("Cc", "Cf")
+               for c in segment)  # fmt: skip
+
+
 def plan_long_text(
     tokenizer: FishTokenizer,
     num_codebooks: int,
@@ -78,7 +86,7 @@ def plan_long_text(
         ValueError: the text has nothing to speak after cleaning and splitting.
     """
     segments = split_text(text, chunk_length) if chunk_length > 0 else [text.strip()]
-    segments = [s for s in segments if s]
+    segments = [s for s in segments if _speakable(s)]
     if not segments:
         raise ValueError("text is empty after cleaning: nothing to synthesize")
     prefix = reference_prefix(tokenizer, references, num_codebooks)

@@ -44,7 +44,14 @@ def test_generate_long_prompts_and_codes_are_identical(tiny_model, long_case):
         assert torch.equal(emitted, case[f"segment_{i}_codes"].long())
 
 
-def test_empty_text_is_refused():
+@pytest.mark.parametrize("chunk_length", [60, 0])
+@pytest.mark.parametrize("text", [" ... ", "\x01\x02\x07\x1b", "\u200b\u00a0\t"])
+def test_text_with_nothing_to_speak_is_refused(text: str, chunk_length: int):
+    """Punctuation only, or only control, format and space characters (synth spoke the
+    latter as 26 frames of noise)."""
     tokenizer = FishTokenizer(TINY_T2S)
+    if text == " ... " and chunk_length == 0:
+        pytest.skip("without splitting, punctuation is spoken (the reference's behaviour)")
     with pytest.raises(ValueError, match="empty"):
-        plan_long_text(tokenizer, 4, " ... ", [], 60)
+        plan_long_text(tokenizer, 4, text, [], chunk_length)
+    assert plan_long_text(tokenizer, 4, text + "Hi.", [], chunk_length).segments
