@@ -214,11 +214,24 @@ def test_a_stalled_core_times_requests_out_and_is_reported(tmp_path, monkeypatch
             os.kill(pid, signal.SIGCONT)
 
 
+def watch_until(state, kind: type) -> None:
+    """Run `state.watch_engine` until its runtime is a `kind` (at most 5 s)."""
+    import asyncio
+
+    async def run() -> None:
+        watcher = asyncio.create_task(state.watch_engine(interval=0.05))
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if isinstance(state.runtime, kind):
+                break
+        watcher.cancel()
+
+    asyncio.run(run())
+
+
 def test_a_dead_core_that_fails_to_stop_is_replaced_all_the_same(tmp_path):
     """An error while stopping the dead core (or taking its totals) is logged, and the new
     one loads: it ended the watcher before, leaving the server without an engine."""
-    import asyncio
-
     from fishserve.server.state import ServerState
 
     class BrokenDeadCore:
@@ -238,21 +251,11 @@ def test_a_dead_core_that_fails_to_stop_is_replaced_all_the_same(tmp_path):
 
     state = ServerState(tiny_server_config(tmp_path), lambda config: Healthy(), BrokenDeadCore())
 
-    async def run() -> None:
-        watcher = asyncio.create_task(state.watch_engine(interval=0.05))
-        for _ in range(100):
-            await asyncio.sleep(0.05)
-            if isinstance(state.runtime, Healthy):
-                break
-        watcher.cancel()
-
-    asyncio.run(run())
+    watch_until(state, Healthy)
     assert isinstance(state.runtime, Healthy)
 
 
 def test_a_replacement_that_fails_to_load_is_tried_again(tmp_path, monkeypatch):
-    import asyncio
-
     import fishserve.server.state as state_module
     from fishserve.server.state import ServerState
 
@@ -290,15 +293,7 @@ def test_a_replacement_that_fails_to_load_is_tried_again(tmp_path, monkeypatch):
 
     state = ServerState(tiny_server_config(tmp_path), build, DeadCore())
 
-    async def run() -> None:
-        watcher = asyncio.create_task(state.watch_engine(interval=0.05))
-        for _ in range(100):
-            await asyncio.sleep(0.05)
-            if isinstance(state.runtime, Healthy):
-                break
-        watcher.cancel()
-
-    asyncio.run(run())
+    watch_until(state, Healthy)
     assert len(builds) == 2 and isinstance(state.runtime, Healthy)
 
 
