@@ -274,6 +274,8 @@ def bench_engine(
     from fishserve.engine.kv_cache import KV_CACHE_DTYPES
     from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
 
+    check_json_output(output)
+
     batches = parse_sizes(batch_sizes, "--batch-sizes")
     mode_names = parse_names(modes, ENGINE_MODES, "--modes")
     kv_names = parse_names(kv_cache_dtypes, KV_CACHE_DTYPES, "--kv-cache-dtypes")
@@ -313,6 +315,8 @@ def bench_sampler(
     from fishserve.bench.options import parse_sizes
     from fishserve.bench.sampler_speed import VOCAB, run_sampler_bench
     from fishserve.models.loading import resolve_device
+
+    check_json_output(output)
 
     batches = parse_sizes(batch_sizes, "--batch-sizes")
     if top_k_prefilter >= VOCAB:
@@ -371,6 +375,8 @@ def bench_decoder(
     from fishserve.models.firefly import load_firefly
     from fishserve.models.loading import DTYPES, resolve_device
 
+    check_json_output(output)
+
     batches = parse_sizes(batch_sizes, "--batch-sizes")
     chunks = parse_sizes(chunk, "--chunk")
     mode_names = parse_names(modes, MODES, "--modes")
@@ -395,3 +401,16 @@ def bench_decoder(
         err_console,
         whole_clips=whole_clips,
     )
+
+
+def check_json_output(output: Path | None) -> None:
+    """A speed bench's `--output` (None: none) ends in .json in an existing, writable folder:
+    checked before the run, as synth checks its outputs (the .md table goes beside it).
+
+    Raises:
+        ValueError, OSError: what `fishserve.audio.io.check_output_path` raises.
+    """
+    from fishserve.audio.io import check_output_path
+
+    if output is not None:
+        check_output_path(output, "--output", (".json",))
