@@ -65,11 +65,14 @@ class LongTextPlan:
         return frames[1:, 1:]
 
 
+# Unicode categories of control, format and separator (space, line, paragraph) characters.
+_UNSPOKEN = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp"})
+
+
 def _speakable(segment: str) -> bool:
-    """Whether `segment` has a character other than control, format and space characters
-    (Unicode categories Cc, Cf, Z*): text of only those is refused, not spoken as noise."""
-    return any(unicodedata.category(c)[0] != "Z" and unicodedata.category(c) not in ("Cc", "Cf")
-               for c in segment)  # fmt: skip
+    """Whether `segment` has a character outside `_UNSPOKEN`: text of only those is refused,
+    not spoken as noise."""
+    return any(unicodedata.category(c) not in _UNSPOKEN for c in segment)
 
 
 def plan_long_text(

@@ -147,11 +147,11 @@ class Metrics:
             registry=r,
         )
 
-    def update_engine(self, stats: EngineStats, encoding: int = 0) -> None:
-        """Copy engine counters into the gauges (called before each scrape); `encoding`
-        requests whose references are being encoded also count as waiting."""
+    def update_engine(self, stats: EngineStats, waiting: int) -> None:
+        """Copy engine counters into the gauges (called before each scrape); `waiting`:
+        requests waiting for admission, as admission counts them (`update_runtime`)."""
         self.running.set(stats.running)
-        self.waiting.set(stats.waiting + encoding)
+        self.waiting.set(waiting)
         used = stats.blocks_total - stats.blocks_free
         self.kv_usage.set(used / stats.blocks_total if stats.blocks_total else 0.0)
         self._advance("preemptions", self.preemptions, stats.preemptions)
@@ -171,8 +171,7 @@ class Metrics:
         """Copy a loaded runtime's engine and decoder totals (called before each scrape);
         `encoding`: requests encoding their references (counted as waiting)."""
         status = runtime.status()
-        self.update_engine(status.engine, encoding)
-        self.waiting.set(runtime.pending() + encoding)  # as admission counts (`pending`)
+        self.update_engine(status.engine, runtime.pending() + encoding)
         self.decoder_lag.set(status.decoder_lag_seconds)
         self._advance("gil_wait", self.gil_wait, status.gil_wait_seconds)
         self._advance("gil_wakeups", self.gil_wakeups, status.gil_wakeups)

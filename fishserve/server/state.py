@@ -91,12 +91,18 @@ class ServerState:
             return self._runtime
 
     async def unload(self) -> None:
-        """Stop the engine (threads, or process) and drop the models."""
+        """Stop the engine (threads, or process) and drop the models. The runtime is dropped
+        even if stopping it fails (e.g. a dead engine process's closed pipe): that is logged,
+        so that a replacement, or the next request, can load a new one."""
         async with self._lock:
             runtime, self._runtime = self._runtime, None
-        if runtime is not None:
+        if runtime is None:
+            return
+        try:
             await asyncio.to_thread(runtime.shutdown)
             self.metrics.retire_runtime(runtime)  # its totals, then counting restarts from 0
+        except Exception:
+            log.exception("stopping the engine failed; its models are dropped all the same")
 
     @contextmanager
     def busy(self) -> Iterator[None]:
@@ -173,10 +179,7 @@ class ServerState:
         self.restarting = self._replacing = True
         try:
             if runtime is not None:
-                try:
-                    await self.unload()
-                except Exception:  # stopping it or taking its totals: load a new one anyway
-                    log.exception("stopping the dead engine process failed")
+                await self.unload()
             with contextlib.suppress(ModelLoadError):  # logged; /health shows load_error
                 await self.load()
                 self._replacing = False
@@ -191,10 +194,7 @@ class ServerState:
             idle = time.monotonic() - self.last_activity
             if self._runtime is not None and self.active_requests == 0 and idle >= limit:
                 log.info("unloading models after %.0f s idle", idle)
-                try:
-                    await self.unload()
-                except Exception:  # the runtime is dropped already; the next request loads
-                    log.exception("unloading the models failed")
+                await self.unload()
 
 
 def _bug(exc: Exception) -> Exception | None:
