@@ -8,6 +8,7 @@ caller's fallback (OpenAI's `pcm` is documented as 24 kHz).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import struct
@@ -137,6 +138,9 @@ class Target:
         audio_format: "pcm" or "wav".
         sample_rate: fallback rate (Hz) when neither a header nor the stream states it.
         api_key: sent as `Authorization: Bearer KEY` when set.
+        timeout_s: seconds a request may take in all, from being sent to its last byte (a
+            server that trickles bytes never trips the clients' per-read timeout); None: no
+            limit beyond the clients' own.
     """
 
     url: str
@@ -144,6 +148,7 @@ class Target:
     audio_format: str
     sample_rate: int = 44100
     api_key: str | None = None
+    timeout_s: float | None = None
 
     def headers(self) -> dict[str, str]:
         """Request headers."""
@@ -168,7 +173,10 @@ async def send_request(
     t0 = time.perf_counter() if t0 is None else t0
     record.start_s = t0 - clock_zero
     try:
-        await _stream(client, target, body, record, t0)
+        async with asyncio.timeout(target.timeout_s):
+            await _stream(client, target, body, record, t0)
+    except TimeoutError:  # the whole request's limit (asyncio.timeout)
+        _fail(record, "timeout", TimeoutError(f"no complete answer in {target.timeout_s:g} s"))
     except httpx.TimeoutException as exc:
         _fail(record, "timeout", exc)
     except httpx.ConnectError as exc:

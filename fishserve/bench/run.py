@@ -55,6 +55,8 @@ class BenchOptions:
         num_requests: requests per level; None = max(16, 4 x concurrency), or 64 (Poisson).
         duration_s: per level, no request starts after this many seconds.
         frame_rate: audio frames per audio second (for frames/s).
+        timeout_s: seconds a request may take in all (`Target.timeout_s`), and the HTTP
+            clients' read timeout.
         gpu_index: GPU polled through NVML/nvidia-smi when health has no memory data.
         ramp_s: closed loop: spread the workers' first requests over this many seconds.
         processes: load-generator processes; each level's load is split among them
@@ -97,7 +99,12 @@ class BenchOptions:
     def target(self) -> Target:
         """Where requests go."""
         return Target(
-            self.url, self.shape.path, self.shape.audio_format, self.sample_rate, self.api_key
+            self.url,
+            self.shape.path,
+            self.shape.audio_format,
+            self.sample_rate,
+            self.api_key,
+            self.timeout_s,
         )
 
 

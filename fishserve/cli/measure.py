@@ -78,7 +78,10 @@ def bench(
         str | None, typer.Option(help="JSON object merged into every request body.")
     ] = None,
     api_key: Annotated[str | None, typer.Option(help="Bearer token.")] = None,
-    timeout: Annotated[float, typer.Option(min=1, help="Per-request timeout (s).")] = 600.0,
+    timeout: Annotated[
+        float,
+        typer.Option(min=1, help="Seconds a request may take, sent to last byte; then a timeout."),
+    ] = 600.0,
     sample_rate: Annotated[
         int, typer.Option(help="PCM rate (Hz) when the server sends no X-Sample-Rate.")
     ] = 44100,

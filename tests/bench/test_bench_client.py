@@ -99,3 +99,25 @@ def test_connection_failure_and_broken_stream_are_recorded():
 
 def test_ok_without_audio_is_an_error():
     assert run(streamed([])).status == "empty"
+
+
+def test_a_trickling_server_is_cut_off_at_the_request_timeout():
+    async def body():
+        for _ in range(100):  # 10 s of audio bytes, 0.1 s apart: every read is quick
+            yield b"\x00" * 64
+            await asyncio.sleep(0.1)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"X-Sample-Rate": str(RATE)}, content=body())
+
+    async def main() -> RequestRecord:
+        transport = httpx.MockTransport(handler)
+        async with httpx.AsyncClient(transport=transport) as client:
+            record = RequestRecord(0, 1, "x", 0.0, "pending")
+            target = Target("http://127.0.0.1:1", "/v1/tts", "pcm", timeout_s=0.5)
+            return await send_request(client, target, {"text": "hi"}, record, 0.0)
+
+    record = asyncio.run(main())
+    assert record.status == "timeout" and not record.ok
+    assert "0.5 s" in record.error
+    assert record.latency_s < 5.0  # cut off, not read to the end (10 s)
