@@ -41,6 +41,7 @@ RANDOM_WEIGHTS_WARNING = (
     "For speech: --checkpoint checkpoints/fish-speech-1.5 (README: Real weights)."
 )
 CODES_SUFFIXES = (".npy",)
+NPY_MAGIC = b"\x93NUMPY"  # the .npy format's first 6 bytes (NumPy's format.rst)
 # Codes a file may hold: the semantic codebook of Fish Speech 1.5 (`DualARConfig.codebook_size`,
 # 1024); the decoder reads ids of 1000 and up modulo its 1000 FSQ codes, as the reference does.
 MAX_CODE = 1024
@@ -110,6 +111,9 @@ def read_codes(path: Path, num_codebooks: int | None = None) -> torch.Tensor:
     """
     if not path.is_file():
         raise FileNotFoundError(f"codes file not found: {path}")
+    with path.open("rb") as f:
+        if f.read(6) != NPY_MAGIC:
+            raise ValueError(f"{path} is not a .npy file (it does not start with NumPy's header)")
     try:
         codes = np.load(path, allow_pickle=False)
     except (ValueError, OSError) as exc:

@@ -134,7 +134,9 @@ def test_decode_rejects_wrong_shape_float_and_out_of_range_codes(tmp_path):
     np.save(tmp_path / "float.npy", np.zeros((4, 5), dtype=np.float32))
     np.save(tmp_path / "big.npy", np.full((4, 5), 5000, dtype=np.int64))
     np.save(tmp_path / "wraps.npy", np.full((4, 5), 2**63 + 5, dtype=np.uint64))
+    (tmp_path / "audio.wav").write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt ")
     for name, message in (
+        ("audio.wav", "is not a .npy file"),
         ("bad.npy", "codebooks"),
         ("float.npy", "integer"),
         ("big.npy", "codes must lie in [0, 1024), got 5000..5000"),

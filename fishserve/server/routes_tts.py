@@ -199,11 +199,13 @@ async def references_of(
         EngineBusyError: the queue is full.
         ReferenceAudioError: undecodable, empty, silent or too long audio.
     """
-    sources = await load_voice(state.voices, voice_id) + list(inline)
+    stored = await load_voice(state.voices, voice_id)
+    sources = stored + list(inline)
     if not sources:
         return []
+    params = [None] * len(stored) + [f"references.{i}.audio" for i in range(len(inline))]
     with state.encoding_refs(runtime):
-        return await encode_references(runtime, sources)
+        return await encode_references(runtime, sources, params)
 
 
 def history_window(max_seq_len: int) -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fishserve.audio.io import AudioDecodeError
 from fishserve.engine.async_engine import EngineBusyError, EngineDeadError
 from fishserve.engine.engine import GenerationRequest
 from fishserve.models.prompt import Reference
@@ -85,16 +86,27 @@ async def load_voice(voices: VoiceStore, voice_id: str | None) -> list[InlineRef
 
 
 async def encode_references(
-    runtime: ServingRuntime, sources: list[InlineReference]
+    runtime: ServingRuntime,
+    sources: list[InlineReference],
+    params: list[str | None] | None = None,
 ) -> list[Reference]:
     """Codes of each reference's audio, encoded off the event loop, in order.
+
+    Args:
+        params: per source, the request field its audio came from (e.g.
+            ``references.0.audio``), set as the error's ``param`` (HTTP ``error.param``) when
+            that source's audio is refused; None: no field named.
 
     Raises:
         ReferenceAudioError: undecodable, empty, silent or too long audio.
     """
     refs = []
-    for source in sources:
-        codes = await runtime.encode_reference(source.audio)
+    for i, source in enumerate(sources):
+        try:
+            codes = await runtime.encode_reference(source.audio)
+        except AudioDecodeError as exc:  # a ReferenceAudioError, or its base from the core
+            exc.param = params[i] if params else None  # type: ignore[attr-defined]
+            raise
         refs.append(Reference(codes, source.text))
     return refs
 

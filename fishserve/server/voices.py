@@ -49,7 +49,7 @@ def validate_voice_id(voice_id: str) -> str:
     if not _VOICE_ID.fullmatch(voice_id) or ".." in voice_id:
         raise InvalidVoiceIdError(
             f"invalid voice id {voice_id!r}: use 1-64 letters, digits, '_', '-' or '.', "
-            "starting with a letter or digit"
+            "starting with a letter or digit, without '..'"
         )
     return voice_id
 

@@ -95,6 +95,7 @@ TTS_CASES = [
     ({"text": "hi", "reference_id": "nobody"}, 404, "not found"),
     ({"text": "hi", "reference_id": "../../etc"}, 400, "invalid voice id"),
     ({"text": "hi", "reference_id": "a/b"}, 400, "invalid voice id"),
+    ({"text": "hi", "reference_id": "a..b"}, 400, "without '..'"),
 ]
 
 
@@ -108,6 +109,8 @@ def test_bad_tts_input(server, body, status, message):
     if message.startswith("text "):  # the field at fault is named
         assert error["error"]["param"] == "text"
         assert "after normalization" not in error["message"] or body.get("normalize", True)
+    if status == 400 and body.get("references"):  # refused audio: the inline reference named
+        assert error["error"]["param"] == "references.0.audio"
 
 
 @pytest.mark.parametrize("field", ["temperature", "top_p", "repetition_penalty"])
