@@ -19,6 +19,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 from fishserve.audio.io import AUDIO_OUTPUT_SUFFIXES, check_output_path, load_audio, write_audio
 from fishserve.engine.engine import EngineConfig, GenerationRequest, LLMEngine
+from fishserve.engine.kv_cache import KV_CACHE_DTYPES
 from fishserve.engine.long_text import generate_long, plan_long_text
 from fishserve.engine.reference import generate
 from fishserve.engine.sampling import MIN_TEMPERATURE, SamplingParams
@@ -152,8 +153,9 @@ def check_synth_options(opts: SynthesisOptions) -> None:
     """Everything about `opts` that can be checked before loading the models.
 
     Raises:
-        ValueError: empty text, bad or non-finite numbers, an unsupported output extension,
-            both references given, a reference transcript without a reference.
+        ValueError: empty text, bad or non-finite numbers, an unknown KV cache dtype, an
+            unsupported output extension, both references given, a reference transcript
+            without a reference.
         FileNotFoundError, PermissionError: a missing input, or an output that cannot be
             written.
     """
@@ -173,6 +175,9 @@ def check_synth_options(opts: SynthesisOptions) -> None:
             raise ValueError(f"{option} must be a finite number, got {value}")
     if opts.temperature < 0:
         raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {opts.temperature}")
+    if opts.kv_cache_dtype not in KV_CACHE_DTYPES:
+        choices = ", ".join(KV_CACHE_DTYPES)
+        raise ValueError(f"--kv-cache-dtype {opts.kv_cache_dtype!r}: use one of {choices}")
     if opts.reference_text and opts.reference_audio is None and opts.reference_codes is None:
         raise ValueError(
             "--reference-text transcribes a voice reference: give --reference-audio or "

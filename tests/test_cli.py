@@ -385,6 +385,15 @@ def test_synth_reports_missing_decoder_weights_before_loading(monkeypatch):
     assert result.exit_code == 2 and "no decoder weights" in result.output
 
 
+def test_synth_refuses_an_unknown_kv_cache_dtype_before_loading(monkeypatch, tmp_path):
+    import fishserve.synthesis as synthesis
+
+    monkeypatch.setattr(synthesis, "load_text2semantic", lambda *a, **k: pytest.fail("loaded"))
+    output = str(tmp_path / "x.wav")
+    result = invoke("synth", "--text", "hi", "--output", output, "--kv-cache-dtype", "foo")
+    assert result.exit_code == 2 and "--kv-cache-dtype 'foo': use one of auto" in result.output
+
+
 def test_settings_and_file_checks_do_not_import_torch(tmp_path):
     """The CLI, the server's settings and their file checks load without PyTorch (~2 s), so
     `--help`, `--version` and a wrong path answer at once."""
