@@ -42,6 +42,7 @@ RANDOM_WEIGHTS_WARNING = (
     "For speech: --checkpoint checkpoints/fish-speech-1.5 (README: Real weights)."
 )
 CODES_SUFFIXES = (".npy",)
+REFERENCE_RATE = 44100  # Hz: the Firefly decoder's rate in Fish Speech 1.5's config
 NPY_MAGIC = b"\x93NUMPY"  # the .npy format's first 6 bytes (NumPy's format.rst)
 # Codes a file may hold: the semantic codebook of Fish Speech 1.5 (`DualARConfig.codebook_size`,
 # 1024); the decoder reads ids of 1000 and up modulo its 1000 FSQ codes, as the reference does.
@@ -132,9 +133,12 @@ def read_codes(path: Path, num_codebooks: int | None = None) -> torch.Tensor:
     return torch.from_numpy(codes.astype(np.int64))
 
 
-def encode_reference(decoder: FireflyGenerator, audio_path: Path) -> torch.Tensor:
-    """Encode a reference audio file into codes (nc, T) int64 (spec §4.6)."""
-    audio = load_audio(audio_path, target_sr=decoder.config.sample_rate)
+def encode_reference(decoder: FireflyGenerator, audio_path: Path | np.ndarray) -> torch.Tensor:
+    """Encode a reference audio file, or its ``(N,)`` float32 samples already at the decoder's
+    rate, into codes (nc, T) int64 (spec §4.6)."""
+    audio = audio_path
+    if not isinstance(audio, np.ndarray):
+        audio = load_audio(audio_path, target_sr=decoder.config.sample_rate)
     wave = torch.from_numpy(audio).to(decoder.device)[None, None]  # mel runs in fp32
     with torch.inference_mode():
         codes, _ = decoder.encode(wave, torch.tensor([wave.shape[-1]], device=decoder.device))
@@ -227,6 +231,9 @@ def run_synth(opts: SynthesisOptions, console: Console) -> None:
     Inputs and outputs are checked before the models load (`check_synth_options`).
     """
     check_synth_options(opts)
+    reference_wave = None  # decoded before the models load, so a bad file fails at once
+    if opts.reference_audio is not None:
+        reference_wave = load_audio(opts.reference_audio, target_sr=REFERENCE_RATE)
     if (opts.reference_audio or opts.reference_codes) and not opts.reference_text:
         console.print(NO_TRANSCRIPT_WARNING, soft_wrap=True)
     params = sampling_params(opts)
@@ -248,7 +255,7 @@ def run_synth(opts: SynthesisOptions, console: Console) -> None:
         max_new_tokens = DUMMY_MAX_NEW_TOKENS if dummy else DEFAULT_MAX_NEW_TOKENS
     request = GenerationRequest(
         opts.text,
-        load_references(opts, decoder, model.config.num_codebooks),
+        load_references(opts, decoder, model.config.num_codebooks, reference_wave),
         params,
         opts.chunk_length,
         max_new_tokens,
@@ -288,16 +295,27 @@ def format_rtf(elapsed: float, audio_seconds: float) -> str:
 
 
 def load_references(
-    opts: SynthesisOptions, decoder: FireflyGenerator, num_codebooks: int
+    opts: SynthesisOptions,
+    decoder: FireflyGenerator,
+    num_codebooks: int,
+    reference_wave: np.ndarray | None = None,
 ) -> list[Reference]:
     """The reference voice of `--reference-audio` or `--reference-codes`, if any (not both:
     `check_synth_options`).
+
+    Args:
+        reference_wave: `--reference-audio` already decoded, ``(N,)`` float32 at
+            `REFERENCE_RATE` Hz; used where that is the decoder's rate (else the file is read
+            again at the decoder's rate).
 
     Raises:
         ValueError: the file is invalid.
     """
     if opts.reference_audio is not None:
-        return [Reference(encode_reference(decoder, opts.reference_audio), opts.reference_text)]
+        source: Path | np.ndarray = opts.reference_audio
+        if reference_wave is not None and decoder.config.sample_rate == REFERENCE_RATE:
+            source = reference_wave
+        return [Reference(encode_reference(decoder, source), opts.reference_text)]
     if opts.reference_codes is not None:
         codes = read_codes(opts.reference_codes, num_codebooks)
         return [Reference(codes, opts.reference_text)]

@@ -394,6 +394,19 @@ def test_synth_refuses_an_unknown_kv_cache_dtype_before_loading(monkeypatch, tmp
     assert result.exit_code == 2 and "--kv-cache-dtype 'foo': use one of auto" in result.output
 
 
+def test_synth_refuses_a_reference_that_is_not_audio_before_loading(monkeypatch, tmp_path):
+    import fishserve.synthesis as synthesis
+
+    monkeypatch.setattr(synthesis, "load_text2semantic", lambda *a, **k: pytest.fail("loaded"))
+    (tmp_path / "ref.wav").write_text("#!/bin/sh\necho not audio\n")
+    result = invoke(
+        "synth", "--text", "hi", "--output", str(tmp_path / "x.wav"),
+        "--reference-audio", str(tmp_path / "ref.wav"), "--reference-text", "hi",
+    )  # fmt: skip
+    assert result.exit_code == 2 and "error:" in result.output, result.output
+    assert "Traceback" not in result.output
+
+
 def test_settings_and_file_checks_do_not_import_torch(tmp_path):
     """The CLI, the server's settings and their file checks load without PyTorch (~2 s), so
     `--help`, `--version` and a wrong path answer at once."""
