@@ -133,7 +133,7 @@ async def delete_reference(request: Request) -> JSONResponse:
     if voice_id is None:
         voice_id = reference_id_of(await parse_body(request))
     if not voice_id:
-        raise ApiError(400, "reference_id is required", "reference_id")
+        raise ApiError(422, "reference_id is required", "reference_id")  # as a missing field
     with voice_param("reference_id"):  # an unknown or invalid id: 404/400 naming the field
         await asyncio.to_thread(_state(request).voices.delete, voice_id)
     return JSONResponse({"success": True, "message": "reference deleted", "reference_id": voice_id})

@@ -454,8 +454,9 @@ def test_a_transcript_keeps_tabs_line_breaks_and_accents(server):
 def test_delete_needs_a_reference_id(server):
     for url in ("/v1/references/delete?reference_id=", "/v1/references/delete"):
         response = httpx.request("DELETE", server.url + url)
-        assert response.status_code == 400, response.text
+        assert response.status_code == 422, response.text  # as other missing fields
         assert response.json()["message"] == "reference_id is required"
+        assert response.json()["error"]["param"] == "reference_id"
 
 
 def test_unknown_voice_does_not_list_the_stored_ones(server):
