@@ -17,7 +17,13 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from fishserve.audio.io import AUDIO_OUTPUT_SUFFIXES, check_output_path, load_audio, write_audio
+from fishserve.audio.io import (
+    AUDIO_OUTPUT_SUFFIXES,
+    NPY_MAGIC,
+    check_output_path,
+    load_audio,
+    write_audio,
+)
 from fishserve.engine.engine import EngineConfig, GenerationRequest, LLMEngine
 from fishserve.engine.kv_cache import KV_CACHE_DTYPES
 from fishserve.engine.long_text import generate_long, plan_long_text
@@ -43,7 +49,6 @@ RANDOM_WEIGHTS_WARNING = (
 )
 CODES_SUFFIXES = (".npy",)
 REFERENCE_RATE = 44100  # Hz: the Firefly decoder's rate in Fish Speech 1.5's config
-NPY_MAGIC = b"\x93NUMPY"  # the .npy format's first 6 bytes (NumPy's format.rst)
 # Codes a file may hold: the semantic codebook of Fish Speech 1.5 (`DualARConfig.codebook_size`,
 # 1024); the decoder reads ids of 1000 and up modulo its 1000 FSQ codes, as the reference does.
 MAX_CODE = 1024
@@ -114,7 +119,7 @@ def read_codes(path: Path, num_codebooks: int | None = None) -> torch.Tensor:
     if not path.is_file():
         raise FileNotFoundError(f"codes file not found: {path}")
     with path.open("rb") as f:
-        if f.read(6) != NPY_MAGIC:
+        if f.read(len(NPY_MAGIC)) != NPY_MAGIC:
             raise ValueError(f"{path} is not a .npy file (it does not start with NumPy's header)")
     try:
         codes = np.load(path, allow_pickle=False)

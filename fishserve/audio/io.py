@@ -25,6 +25,7 @@ from fishserve.audio.encoders import AudioFormat, encode_audio
 
 __all__ = [
     "AUDIO_OUTPUT_SUFFIXES",
+    "NPY_MAGIC",
     "AudioDecodeError",
     "AudioTooLongError",
     "EmptyAudioError",
@@ -35,7 +36,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-_NPY_MAGIC = b"\x93NUMPY"
+NPY_MAGIC = b"\x93NUMPY"  # the .npy format's first 6 bytes (NumPy's format.rst)
 # Limits on what a file may ask us to decode: a few KiB of constant FLAC can declare 8 channels
 # at 655 kHz, i.e. over a GiB of float32 within a 30 s limit. 384 kHz is the highest rate of
 # common studio formats (DXD); 8 channels is 7.1 surround.
@@ -102,7 +103,7 @@ def load_audio(
     if max_seconds is not None and not max_seconds > 0:
         raise ValueError(f"max_seconds must be positive, got {max_seconds}")
     data, label = _read_source(source)
-    if data.startswith(_NPY_MAGIC):
+    if data.startswith(NPY_MAGIC):
         audio = _load_npy(data, label)
         _check_duration(audio.shape[-1], target_sr, max_seconds, label)
     else:

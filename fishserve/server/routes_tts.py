@@ -199,13 +199,11 @@ async def references_of(
         EngineBusyError: the queue is full.
         ReferenceAudioError: undecodable, empty, silent or too long audio.
     """
-    stored = await load_voice(state.voices, voice_id)
-    sources = stored + list(inline)
+    sources = await load_voice(state.voices, voice_id) + list(inline)
     if not sources:
         return []
-    params = [None] * len(stored) + [f"references.{i}.audio" for i in range(len(inline))]
     with state.encoding_refs(runtime):
-        return await encode_references(runtime, sources, params)
+        return await encode_references(runtime, sources)
 
 
 def history_window(max_seq_len: int) -> int:
@@ -229,7 +227,10 @@ async def tts(request: Request) -> Response:
     refuse_if_overloaded(state)
     fmt = AudioFormat(body.format)
     async with state.request() as runtime:
-        inline = [InlineReference(r.audio, r.text) for r in body.references]
+        inline = [
+            InlineReference(r.audio, r.text, f"references.{i}.audio")
+            for i, r in enumerate(body.references)
+        ]
         with voice_param("reference_id"):
             refs = await references_of(state, runtime, body.reference_id, inline)
         state.refuse_if_queue_full(runtime)

@@ -55,10 +55,13 @@ REFUSALS = (ValueError, EngineBusyError, EngineDeadError)
 
 @dataclass
 class InlineReference:
-    """A reference given with the request (encoded audio bytes + transcript)."""
+    """A reference given with the request (encoded audio bytes + transcript), and the request
+    field its audio came from (e.g. ``references.0.audio``; None for a stored voice), named as
+    ``error.param`` when the audio is refused."""
 
     audio: bytes
     text: str
+    param: str | None = None
 
 
 @dataclass
@@ -86,26 +89,20 @@ async def load_voice(voices: VoiceStore, voice_id: str | None) -> list[InlineRef
 
 
 async def encode_references(
-    runtime: ServingRuntime,
-    sources: list[InlineReference],
-    params: list[str | None] | None = None,
+    runtime: ServingRuntime, sources: list[InlineReference]
 ) -> list[Reference]:
     """Codes of each reference's audio, encoded off the event loop, in order.
 
-    Args:
-        params: per source, the request field its audio came from (e.g.
-            ``references.0.audio``), set as the error's ``param`` (HTTP ``error.param``) when
-            that source's audio is refused; None: no field named.
-
     Raises:
-        ReferenceAudioError: undecodable, empty, silent or too long audio.
+        ReferenceAudioError: undecodable, empty, silent or too long audio (its ``param`` is
+            the refused source's ``param``).
     """
     refs = []
-    for i, source in enumerate(sources):
+    for source in sources:
         try:
             codes = await runtime.encode_reference(source.audio)
         except AudioDecodeError as exc:  # a ReferenceAudioError, or its base from the core
-            exc.param = params[i] if params else None  # type: ignore[attr-defined]
+            exc.param = source.param  # type: ignore[attr-defined]
             raise
         refs.append(Reference(codes, source.text))
     return refs
