@@ -21,6 +21,7 @@ COUNTERS = {
     "llm_busy_s": ("fishserve:gpu_busy_seconds_total", {"component": "llm"}),
     "decoder_busy_s": ("fishserve:gpu_busy_seconds_total", {"component": "decoder"}),
     "engine_steps": ("fishserve:engine_steps_total", {}),
+    "boost_steps": ("fishserve:engine_boost_steps_total", {}),
     "frames": ("fishserve:generation_frames_total", {}),
     "full_sort_rows": ("fishserve:sampler_full_sort_rows_total", {}),
     "gil_wait_s": ("fishserve:gil_wait_seconds_total", {}),
@@ -47,6 +48,8 @@ class ServerRates:
             left context again, ~15 frames, so short chunks cost the decoder most).
         gil_wait_ms: mean milliseconds a thread of the engine's process waited to get the
             GIL back (the GIL probe's `fishserve:gil_wait_seconds_total` per wake-up).
+        boost_share: the fraction of engine steps that were boost steps of young streams
+            (`fishserve:engine_boost_steps_total`; server setting boost_frames).
     """
 
     decoder_frames_per_s: float | None = None
@@ -58,6 +61,7 @@ class ServerRates:
     decoder_frames_per_call: float | None = None
     decoder_frames_per_job: float | None = None
     gil_wait_ms: float | None = None
+    boost_share: float | None = None
 
 
 def parse_counters(text: str) -> dict[str, float]:
@@ -99,6 +103,8 @@ def rates(before: dict[str, float], after: dict[str, float], seconds: float) -> 
     per_job = decoded / jobs if jobs and decoded is not None else None
     waited, wakeups = rate("gil_wait_s"), rate("gil_wakeups")
     gil_ms = 1e3 * waited / wakeups if wakeups and waited is not None else None
+    boosts = rate("boost_steps")
+    boost_share = boosts / steps if steps and boosts is not None else None
     return ServerRates(
         decoded,
         rate("llm_busy_s"),
@@ -109,4 +115,5 @@ def rates(before: dict[str, float], after: dict[str, float], seconds: float) -> 
         per_call,
         per_job,
         gil_ms,
+        boost_share,
     )

@@ -54,7 +54,8 @@ class LevelSummary:
         mean_in_flight: requests in flight on average over the level (sum of latencies over
             the level's duration, Little's law): the load the level really put on the server.
         decoder_frames_per_s, llm_busy, decoder_busy, steps_per_s, frames_per_step,
-            full_sort_share, decoder_frames_per_call, decoder_frames_per_job, gil_wait_ms: the
+            full_sort_share, decoder_frames_per_call, decoder_frames_per_job, gil_wait_ms,
+            boost_share: the
             server's own counters over the level
             (`fishserve.bench.server_counters.ServerRates`), None for other servers.
     """
@@ -84,6 +85,7 @@ class LevelSummary:
     decoder_frames_per_call: float | None = None
     decoder_frames_per_job: float | None = None
     gil_wait_ms: float | None = None
+    boost_share: float | None = None
     mean_in_flight: float = 0.0
     sent_s: dict[str, float | None] | None = None
     ttfa_early_s: dict[str, float | None] | None = None

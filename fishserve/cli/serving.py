@@ -123,6 +123,21 @@ def serve(
             "sampling) with torch.compile at start-up: fewer kernels per step.",
         ),
     ] = None,
+    boost_frames: Annotated[
+        int | None,
+        _setting(
+            "boost_frames",
+            "Under load, after every engine step run one of the streams with fewer than this "
+            "many frames of audio so far (their first chunks come sooner); 0 = off.",
+        ),
+    ] = None,
+    boost_min_running: Annotated[
+        int | None,
+        _setting(
+            "boost_min_running",
+            "--boost-frames only while at least this many other sequences run.",
+        ),
+    ] = None,
     engine_process: Annotated[
         str | None,
         _setting(

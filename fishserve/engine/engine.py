@@ -82,6 +82,18 @@ class EngineConfig:
             (an SM partition's stream) they run on its SMs only: a graph's kernels run in
             the context of the stream that captured them. Off: PyTorch's capture stream;
             replayed on the step stream, they may use any SM, at its priority.
+        boost_frames: boost steps for young streams (0: off). A sequence in its first segment
+            with fewer than this many audio frames is young: its first chunk, and the buffer its
+            client starts playing from, are being made. After every full step, while at least
+            `boost_min_running` other sequences run, the engine runs a step of the young
+            sequences alone (and of the waiting ones it admits). Under load a full step is
+            latency-bound (~1,100 kernels) and takes ~20 ms for hundreds of sequences on an
+            H200 beside the decoder, while a step of a few dozen takes far less, so a new
+            stream gets its first frames in fewer step periods (time to first audio) and the
+            others lose the boost steps' time. Sync scheduling only (`async_scheduling`'s
+            frames in flight assume every running sequence is in every step).
+        boost_min_running: see `boost_frames`: below this many other running sequences a full
+            step is about as fast as a boost step, and boosting would only halve their rate.
     """
 
     kv_cache_dtype: str = "auto"
@@ -99,6 +111,17 @@ class EngineConfig:
     async_scheduling: bool = False
     compile_fast_transformer: bool = True
     confine_graphs: bool = False
+    boost_frames: int = 0
+    boost_min_running: int = 64
+
+    def __post_init__(self) -> None:
+        if self.boost_frames < 0 or self.boost_min_running < 0:
+            raise ValueError("boost_frames and boost_min_running must be >= 0")
+        if self.boost_frames and self.async_scheduling:
+            raise ValueError(
+                "boost_frames needs sync scheduling: with async_scheduling every running "
+                "sequence's frame in flight must be in the next step"
+            )
 
 
 @dataclass(frozen=True)
@@ -162,6 +185,7 @@ class EngineStats:
     busy_seconds: float = 0.0  # device time of the steps (ModelRunner.busy_seconds)
     steps: int = 0  # steps run (each computes one frame per decoding sequence)
     full_sort_rows: int = 0  # prefilter misses redone with a full sort (ModelRunner)
+    boost_steps: int = 0  # steps of young sequences only (EngineConfig.boost_frames)
 
 
 class KVPoolTooSmallError(ValueError):
@@ -223,6 +247,8 @@ class LLMEngine:
         self.sequences: dict[str, Sequence] = {}
         self.frames_generated = 0
         self.steps = 0
+        self.boost_steps = 0
+        self._boosted = False  # the last step was a boost step (EngineConfig.boost_frames)
         # Held around each step's device work, which is complete when it is released:
         # `GpuTurns.turn("engine")` when the engine takes turns on the GPU with the audio
         # decoder (server setting gpu_sharing); None: no lock, no extra synchronisation.
@@ -378,6 +404,7 @@ class LLMEngine:
             busy_seconds=self.runner.busy_seconds,
             steps=self.steps,
             full_sort_rows=self.runner.full_sort_rows,
+            boost_steps=self.boost_steps,
         )
 
     # -- the step ------------------------------------------------------------------------------
@@ -393,7 +420,34 @@ class LLMEngine:
             return self._step_async()
         if self._launched is not None or self._pending is not None:
             return self._drain()  # asynchronous scheduling was switched off
-        return self._run(self.scheduler.schedule())
+        return self._run(self._schedule())
+
+    def _schedule(self) -> ScheduledBatch:
+        """The next sync step's batch: a boost step of the young sequences after a full step
+        when `EngineConfig.boost_frames` calls for one, else a full step."""
+        if not self._boosted and self._boost_due():
+            self._boosted = True
+            batch = self.scheduler.schedule(only=self._young)
+            if batch:
+                self.boost_steps += 1
+                return batch
+        self._boosted = False
+        return self.scheduler.schedule()
+
+    def _young(self, seq: Sequence) -> bool:
+        """Whether `seq` is in its first segment with fewer than `boost_frames` audio frames
+        (its first frame is not audio, spec §6.2)."""
+        return seq.segment == 0 and len(seq.frames) <= self.config.boost_frames
+
+    def _boost_due(self) -> bool:
+        """Whether a boost step should follow: some young sequence runs (or waits), beside at
+        least `boost_min_running` others."""
+        if not self.config.boost_frames:
+            return False
+        running = self.scheduler.running
+        young = sum(1 for seq in running if self._young(seq))
+        others = len(running) - young
+        return others >= self.config.boost_min_running and (young > 0 or self.scheduler.waiting)
 
     def _run(self, batch: ScheduledBatch) -> list[EngineEvent]:
         """Run `batch` to its frames (synchronously) and return its events."""

@@ -17,6 +17,7 @@ recomputed (prompt + frames so far) when blocks free up. Nothing fails for lack 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fishserve.engine.block_manager import BlockManager
@@ -99,12 +100,18 @@ class Scheduler:
             self.waiting.remove(seq)
         seq.status = Status.FINISHED
 
-    def schedule(self) -> ScheduledBatch:
-        """Decide this step's batch (see the module docstring)."""
+    def schedule(self, only: Callable[[Sequence], bool] | None = None) -> ScheduledBatch:
+        """Decide this step's batch (see the module docstring).
+
+        `only`: run just the running sequences it accepts (the engine's boost steps); waiting
+        sequences are admitted as usual.
+        """
         batch = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
         for seq in list(self.running):
             if seq.status is not Status.RUNNING or budget == 0:
+                continue
+            if only is not None and not only(seq):
                 continue
             n = min(seq.num_pending, budget)
             if n == 0:  # its frame in flight ends the segment (asynchronous scheduling)

@@ -80,6 +80,11 @@ class ServerConfig(BaseModel):
     # torch.compile each engine step's fast-transformer half on CUDA before its graphs are
     # captured (EngineConfig.compile_fast_transformer): fewer kernels per step.
     compile_fast_transformer: bool = True
+    # Boost steps for young streams (EngineConfig.boost_frames): after every full step, a step
+    # of the sequences with fewer than this many audio frames of their first segment, while at
+    # least boost_min_running others run; 0 = off. Sync scheduling only.
+    boost_frames: int = Field(0, ge=0, le=8192)
+    boost_min_running: int = Field(64, ge=0)
     engine_process: Literal["auto", "on", "off"] = "auto"
     # Seconds a thread of the engine's process runs Python before another thread waiting for
     # the GIL gets it (sys.setswitchinterval; CPython's default is 0.005). Every PyTorch call

@@ -85,6 +85,12 @@ class Metrics:
             "generation_frames_total / engine_steps_total is the mean batch.",
             registry=r,
         )
+        self.boost_steps = Counter(
+            "fishserve:engine_boost_steps_total",
+            "Engine steps of young streams only (setting boost_frames); included in "
+            "engine_steps_total.",
+            registry=r,
+        )
         self.full_sort_rows = Counter(
             "fishserve:sampler_full_sort_rows_total",
             "Slow-token draws the top-k prefilter could not decide, redone with a full sort "
@@ -157,6 +163,7 @@ class Metrics:
         self._advance("preemptions", self.preemptions, stats.preemptions)
         self._advance("frames", self.frames, stats.frames_generated)
         self._advance("engine_steps", self.engine_steps, stats.steps)
+        self._advance("boost_steps", self.boost_steps, stats.boost_steps)
         self._advance("full_sort_rows", self.full_sort_rows, stats.full_sort_rows)
         self._advance("llm_busy", self.gpu_busy.labels(component="llm"), stats.busy_seconds)
 

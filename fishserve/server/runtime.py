@@ -356,8 +356,8 @@ def check_settings(config: ServerConfig) -> None:
     Raises:
         ValueError: CUDA asked for but absent, a bad budget, a fraction of GPU memory on CPU,
             Triton decoder kernels where they cannot run, async_scheduling with gpu_sharing
-            turns, dummy_logits with real weights, engine_sms without cuda-bindings,
-            confine_engine_graphs without engine_sms or with enforce_eager, bad
+            turns or with boost_frames, dummy_logits with real weights, engine_sms without
+            cuda-bindings, confine_engine_graphs without engine_sms or with enforce_eager, bad
             step-profiler variables (`StepProfiler.from_env`).
         FileNotFoundError: a checkpoint folder, decoder weights or decoder config is missing.
         ValueError: also `references_dir` exists but is not a folder.
@@ -375,6 +375,11 @@ def check_settings(config: ServerConfig) -> None:
             raise ValueError(f"{name} needs a CUDA device, but the device is {device}{found}")
     if config.engine_sms is not None and not cuda_bindings_installed():
         raise ValueError(NO_CUDA_BINDINGS)
+    if config.boost_frames and config.async_scheduling:
+        raise ValueError(
+            "boost_frames needs sync scheduling (leave async_scheduling off): with async "
+            "steps every running sequence's frame in flight must be in the next step"
+        )
     if config.async_scheduling and config.gpu_sharing == "turns":
         raise ValueError(
             "async_scheduling needs gpu_sharing overlap: with turns each step waits for its "
@@ -505,6 +510,8 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
             async_scheduling=config.async_scheduling,
             compile_fast_transformer=config.compile_fast_transformer,
             confine_graphs=config.confine_engine_graphs,
+            boost_frames=config.boost_frames,
+            boost_min_running=config.boost_min_running,
             static_decode=config.async_scheduling,  # its overlapped steps are static ones
             decoder_workspace_bytes=decoder_workspace_bytes(
                 decoder,

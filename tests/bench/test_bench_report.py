@@ -69,6 +69,8 @@ def test_server_rates_from_two_metrics_reads():
                 f"fishserve:generation_frames_total {frames}",
                 "# TYPE fishserve:engine_steps_total counter",
                 f"fishserve:engine_steps_total {steps}",
+                "# TYPE fishserve:engine_boost_steps_total counter",
+                f"fishserve:engine_boost_steps_total {steps / 5}",
                 "# TYPE fishserve:decoder_frames_total counter",
                 f"fishserve:decoder_frames_total {decoded}",
                 "# TYPE fishserve:gpu_busy_seconds_total counter",
@@ -91,6 +93,7 @@ def test_server_rates_from_two_metrics_reads():
     assert got.decoder_busy is None  # not exported by this server
     assert abs(got.full_sort_share - 0.1) < 1e-12  # 100 of 1,000 frames
     assert abs(got.gil_wait_ms - 0.2) < 1e-9  # 0.01 s waited over 50 wake-ups
+    assert abs(got.boost_share - 0.2) < 1e-12  # 10 of 50 steps
     assert rates({}, after, 2.0).frames_per_step is None  # a server without the counters
 
 

@@ -105,6 +105,11 @@ TRITON_ON_CPU = pytest.param(
             "async_scheduling needs gpu_sharing overlap",
         ),
         (
+            [*TINY, "--async-scheduling", "--boost-frames", "32"],
+            "boost_frames needs sync scheduling",
+        ),
+        ([*TINY, "--boost-frames", "-1"], "boost_frames = -1 (from --boost-frames)"),
+        (
             [*TINY, "--references-dir", str(TINY_T2S / "config.json")],
             "references_dir is not a folder",
         ),
@@ -201,6 +206,16 @@ def test_enforce_eager_and_static_prefill_reach_the_engine(tmp_path):
         assert runtime.engine.engine.config.enforce_eager is True
         assert runtime.engine.engine.config.static_prefill_tokens == 7
         assert runtime.engine.engine.runner.max_rows == config.max_num_seqs + 7
+    finally:
+        runtime.shutdown()
+
+
+def test_boost_settings_reach_the_engine(tmp_path):
+    config = tiny_server_config(tmp_path, boost_frames=24, boost_min_running=100)
+    runtime = runtime_module.build_runtime(config)
+    try:
+        engine = runtime.engine.engine
+        assert (engine.config.boost_frames, engine.config.boost_min_running) == (24, 100)
     finally:
         runtime.shutdown()
 

@@ -290,7 +290,9 @@ def test_metrics_count_work_across_a_model_reload():
     from fishserve.server.runtime import RuntimeStatus
 
     def runtime(frames: int, calls: int, busy: float) -> SimpleNamespace:
-        stats = EngineStats(0, 0, 8, 8, 0, frames, busy, frames // 2, full_sort_rows=frames // 10)
+        stats = EngineStats(
+            0, 0, 8, 8, 0, frames, busy, frames // 2, frames // 10, boost_steps=frames // 5
+        )
         status = RuntimeStatus(stats, True, None, False, busy, calls, frames, calls * 2)
         status.gil_wait_seconds, status.gil_wakeups = busy / 100, frames
         return SimpleNamespace(status=lambda: status, pending=lambda: 0)
@@ -304,6 +306,7 @@ def test_metrics_count_work_across_a_model_reload():
     assert values["fishserve:generation_frames_total"] == 250
     assert values["fishserve:engine_steps_total"] == 125
     assert values["fishserve:sampler_full_sort_rows_total"] == 25
+    assert values["fishserve:engine_boost_steps_total"] == 50
     assert values["fishserve:decoder_calls_total"] == 9
     assert values["fishserve:decoder_jobs_total"] == 18
     assert values['fishserve:gpu_busy_seconds_total{component="decoder"}'] == 4.0

@@ -1,0 +1,98 @@
+"""Boost steps (EngineConfig.boost_frames): young streams get a step of their own after each
+full step, without changing any stream's frames."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fishserve.engine.engine import EngineConfig, GenerationRequest
+from fishserve.engine.sampling import SamplingParams
+from tests.conftest import make_engine, run_engine
+
+
+def _request(i: int, frames: int = 12, chunk_length: int = 0) -> GenerationRequest:
+    params = SamplingParams(temperature=1.0, top_p=0.95, repetition_penalty=1.2, seed=i)
+    return GenerationRequest(
+        "word " * (3 + i),
+        params=params,
+        max_new_tokens=frames,
+        ignore_eos=True,
+        chunk_length=chunk_length,
+        request_id=f"r{i}",
+    )
+
+
+def _stream(engine, arrivals: dict[int, list[GenerationRequest]]) -> dict[str, list]:
+    """Step `engine` to idle, adding arrivals[k] before step k; codes per request."""
+    codes: dict[str, list] = {}
+    step = 0
+    while engine.has_work() or step <= max(arrivals):
+        for request in arrivals.get(step, []):
+            engine.add_request(request)
+            codes[request.request_id] = []
+        for event in engine.step():
+            if event.codes is not None:
+                codes[event.request_id].append(event.codes.tolist())
+        step += 1
+        assert step < 2000, "engine did not finish"
+    return codes
+
+
+def _arrivals() -> dict[int, list[GenerationRequest]]:
+    """Three streams from the start, then one every few steps (some long texts)."""
+    late = {4: [_request(3)], 9: [_request(4, chunk_length=12)], 15: [_request(5, 20)]}
+    return {0: [_request(i, 14 + 3 * i, chunk_length=12 * (i % 2)) for i in range(3)], **late}
+
+
+@pytest.mark.parametrize("static", [True, False], ids=["static rows", "general path"])
+def test_boost_steps_give_the_frames_of_plain_steps(tiny_model, tiny_tokenizer, static):
+    base = {"static_decode": static, "max_num_seqs": 8}
+    plain = _stream(make_engine(tiny_model, tiny_tokenizer, **base), _arrivals())
+    engine = make_engine(tiny_model, tiny_tokenizer, boost_frames=4, boost_min_running=1, **base)
+    boosted = _stream(engine, _arrivals())
+    assert boosted == plain
+    assert engine.boost_steps > 0 and engine.stats().boost_steps == engine.boost_steps
+    assert engine.blocks.num_free == engine.blocks.num_blocks
+
+
+def test_a_boost_step_runs_only_the_young_sequences(tiny_model, tiny_tokenizer):
+    engine = make_engine(tiny_model, tiny_tokenizer, boost_frames=2, boost_min_running=1)
+    engine.add_request(_request(0, 30))
+    old = engine.sequences["r0"]
+    while len(old.frames) <= 2:  # 3 frames: the prompt's and 2 of audio, so no longer young
+        engine.step()
+    assert engine.boost_steps == 0  # nothing young beside it yet
+    engine.add_request(_request(1, 30))
+    young = engine.sequences["r1"]
+    engine.step()  # a boost step admits the waiting request (its prompt gives frame 0)
+    assert (len(old.frames), len(young.frames)) == (3, 1) and engine.boost_steps == 1
+    engine.step()  # a full step
+    assert (len(old.frames), len(young.frames)) == (4, 2)
+    engine.step()  # a boost step: the young one alone (1 audio frame)
+    assert (len(old.frames), len(young.frames)) == (4, 3) and engine.boost_steps == 2
+    engine.step()  # full: the young one reaches 3 audio frames, more than boost_frames
+    assert (len(old.frames), len(young.frames)) == (5, 4)
+    engine.step()  # so no boost step follows
+    assert (len(old.frames), len(young.frames)) == (6, 5) and engine.boost_steps == 2
+
+
+def test_no_boost_steps_below_the_running_minimum(tiny_model, tiny_tokenizer):
+    engine = make_engine(tiny_model, tiny_tokenizer, boost_frames=8, boost_min_running=3)
+    codes = run_engine(engine, [_request(i, 10) for i in range(3)])
+    assert engine.boost_steps == 0  # at most two others beside any young sequence
+    plain = run_engine(make_engine(tiny_model, tiny_tokenizer), [_request(i, 10) for i in range(3)])
+    assert all(torch.equal(codes[k][0], plain[k][0]) for k in plain)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"boost_frames": -1}, "must be >= 0"),
+        ({"boost_min_running": -1}, "must be >= 0"),
+        ({"boost_frames": 8, "async_scheduling": True}, "boost_frames needs sync scheduling"),
+    ],
+)
+def test_bad_boost_settings_are_refused(settings, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**settings)
