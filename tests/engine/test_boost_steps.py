@@ -45,15 +45,40 @@ def _arrivals() -> dict[int, list[GenerationRequest]]:
     return {0: [_request(i, 14 + 3 * i, chunk_length=12 * (i % 2)) for i in range(3)], **late}
 
 
-@pytest.mark.parametrize("static", [True, False], ids=["static rows", "general path"])
-def test_boost_steps_give_the_frames_of_plain_steps(tiny_model, tiny_tokenizer, static):
-    base = {"static_decode": static, "max_num_seqs": 8}
+SETTINGS = {
+    "static rows": {"static_decode": True},
+    "general path": {"static_decode": False},
+    "preemption": {"static_decode": True, "num_kv_blocks": 14},
+}
+
+
+@pytest.mark.parametrize("settings", SETTINGS.values(), ids=SETTINGS.keys())
+def test_boost_steps_give_the_frames_of_plain_steps(tiny_model, tiny_tokenizer, settings):
+    base = {"max_num_seqs": 8, **settings}
     plain = _stream(make_engine(tiny_model, tiny_tokenizer, **base), _arrivals())
     engine = make_engine(tiny_model, tiny_tokenizer, boost_frames=4, boost_min_running=1, **base)
     boosted = _stream(engine, _arrivals())
     assert boosted == plain
     assert engine.boost_steps > 0 and engine.stats().boost_steps == engine.boost_steps
     assert engine.blocks.num_free == engine.blocks.num_blocks
+    if "num_kv_blocks" in settings:
+        assert engine.scheduler.num_preemptions > 0
+
+
+def test_cancelling_in_a_boost_step_frees_the_blocks(tiny_model, tiny_tokenizer):
+    engine = make_engine(tiny_model, tiny_tokenizer, boost_frames=6, boost_min_running=1)
+    engine.add_request(_request(0, 40))
+    for _ in range(8):
+        engine.step()
+    engine.add_request(_request(1, 40))
+    engine.step()  # a boost step admits r1
+    assert engine.boost_steps == 1 and len(engine.sequences["r1"].frames) == 1
+    assert engine.abort("r1").finish_reason == "cancelled"
+    for _ in range(3):
+        engine.step()  # r0 alone again: no boost step
+    assert engine.boost_steps == 1
+    assert engine.abort("r0").finish_reason == "cancelled"
+    assert engine.blocks.num_free == engine.blocks.num_blocks and not engine.has_work()
 
 
 def test_a_boost_step_runs_only_the_young_sequences(tiny_model, tiny_tokenizer):
