@@ -1,5 +1,5 @@
 """docs/data/e2e_round23.json from runs B32-B64b, N0, N1 (each call's res.tgz unpacked under
-/work/r23/<call>/<run>/<run>_l<level>.json; calls c1-c6 ran run25a.sh-run25f.sh)."""
+/work/r23/<call>/<run>/<run>_l<level>.json; calls c1-c7 ran run25a.sh-run25g.sh)."""
 import glob
 import json
 import os
@@ -8,14 +8,14 @@ from pathlib import Path
 CODE = "6558b64 (main), sync, --engine-sms 56, deadline 0.17 s, {boost}"
 RUNS = {
     "B32": 32, "B12": 12, "B20": 20, "B32b": 32, "B48": 48, "B64": 64, "B48b": 48,
-    "N0": 0, "B64b": 64, "N1": 0,
+    "N0": 0, "B64b": 64, "N1": 0, "B64c": 64,
 }
 out = {
     "note": "Random weights (--load-format dummy, --dummy-logits peaked): speed and memory "
     "only, not speech quality.",
     "date": "2026-12-03",
-    "machine": "one NVIDIA H200 (server and load generator on the same machine), one lease "
-    "for all six calls",
+    "machine": "one NVIDIA H200 (server and load generator on the same machine): one lease "
+    "for calls c1-c6, a second (cold) lease for c7 (B64c)",
     "code": {
         run: CODE.format(boost=f"--boost-frames {b}" if b else "no boost steps")
         for run, b in RUNS.items()

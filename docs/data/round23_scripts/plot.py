@@ -19,6 +19,7 @@ GROUPS = {  # label: runs (levels pooled, in level order)
     "boost 48 (B48b)": (["B48b"], "d--"),
     "boost 64 (B64)": (["B64"], "o-"),
     "boost 64 (B64b)": (["B64b"], "o--"),
+    "boost 64 (B64c, second lease)": (["B64c"], "P"),
 }
 fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
 for label, (runs, style) in GROUPS.items():
