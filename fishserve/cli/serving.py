@@ -127,15 +127,17 @@ def serve(
         int | None,
         _setting(
             "boost_frames",
-            "Under load, after every engine step run one of the streams with fewer than this "
-            "many frames of audio so far (their first chunks come sooner); 0 = off.",
+            "Under load, after every engine step run a step of just the streams with fewer "
+            "than this many audio frames so far (their first chunks come sooner); needs sync "
+            "scheduling (not --async-scheduling); 0 = off.",
         ),
     ] = None,
     boost_min_running: Annotated[
         int | None,
         _setting(
             "boost_min_running",
-            "--boost-frames only while at least this many other sequences run.",
+            "--boost-frames only while at least this many running sequences are past their "
+            "boost (at least 1).",
         ),
     ] = None,
     engine_process: Annotated[

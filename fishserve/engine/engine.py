@@ -92,8 +92,10 @@ class EngineConfig:
             stream gets its first frames in fewer step periods (time to first audio) and the
             others lose the boost steps' time. Sync scheduling only (`async_scheduling`'s
             frames in flight assume every running sequence is in every step).
-        boost_min_running: see `boost_frames`: below this many other running sequences a full
-            step is about as fast as a boost step, and boosting would only halve their rate.
+        boost_min_running: see `boost_frames`: boost steps only while at least this many
+            running sequences are not young (and at least one: with none, a boost step would
+            be a second full step); below it a full step is about as fast as a boost step,
+            and boosting would only halve the others' rate.
     """
 
     kv_cache_dtype: str = "auto"
@@ -441,13 +443,14 @@ class LLMEngine:
 
     def _boost_due(self) -> bool:
         """Whether a boost step should follow: some young sequence runs (or waits), beside at
-        least `boost_min_running` others."""
+        least `boost_min_running` others (and at least one)."""
         if not self.config.boost_frames:
             return False
         running = self.scheduler.running
         young = sum(1 for seq in running if self._young(seq))
         others = len(running) - young
-        return others >= self.config.boost_min_running and (young > 0 or self.scheduler.waiting)
+        enough = others >= max(self.config.boost_min_running, 1)
+        return enough and (young > 0 or bool(self.scheduler.waiting))
 
     def _run(self, batch: ScheduledBatch) -> list[EngineEvent]:
         """Run `batch` to its frames (synchronously) and return its events."""

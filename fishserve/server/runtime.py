@@ -463,6 +463,14 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
             config.gpu_memory_budget,
             config.num_kv_blocks,
         )
+    if 0 < config.boost_frames <= config.first_chunk_frames:
+        log.warning(
+            "boost_frames %d ends with the first chunk (first_chunk_frames %d): boosted "
+            "streams reach their next chunks with little audio in hand (docs/benchmarks.md "
+            "§6.23: 12-20 frames collapsed where 32-64 helped)",
+            config.boost_frames,
+            config.first_chunk_frames,
+        )
     # The engine, decoder and event-loop threads share one interpreter. After each blocking
     # call (every PyTorch op, a GPU synchronisation) a thread needs the GIL back, and with
     # another thread running Python it waits up to the switch interval: CPython's default 5 ms

@@ -110,6 +110,12 @@ def test_no_boost_steps_below_the_running_minimum(tiny_model, tiny_tokenizer):
     assert all(torch.equal(codes[k][0], plain[k][0]) for k in plain)
 
 
+def test_a_stream_alone_gets_no_boost_steps(tiny_model, tiny_tokenizer):
+    engine = make_engine(tiny_model, tiny_tokenizer, boost_frames=8, boost_min_running=0)
+    run_engine(engine, [_request(0, 10)])
+    assert engine.boost_steps == 0  # a boost step would only repeat the full step
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [

@@ -3,6 +3,7 @@ the server listens, and a lazily loaded model that fails to load."""
 
 from __future__ import annotations
 
+import logging
 import socket
 
 import httpx
@@ -210,12 +211,15 @@ def test_enforce_eager_and_static_prefill_reach_the_engine(tmp_path):
         runtime.shutdown()
 
 
-def test_boost_settings_reach_the_engine(tmp_path):
-    config = tiny_server_config(tmp_path, boost_frames=24, boost_min_running=100)
-    runtime = runtime_module.build_runtime(config)
+@pytest.mark.parametrize(("frames", "warned"), [(24, False), (10, True)])
+def test_boost_settings_reach_the_engine(tmp_path, caplog, frames, warned):
+    config = tiny_server_config(tmp_path, boost_frames=frames, boost_min_running=100)
+    with caplog.at_level(logging.WARNING, logger=runtime_module.log.name):
+        runtime = runtime_module.build_runtime(config)
     try:
         engine = runtime.engine.engine
-        assert (engine.config.boost_frames, engine.config.boost_min_running) == (24, 100)
+        assert (engine.config.boost_frames, engine.config.boost_min_running) == (frames, 100)
+        assert ("ends with the first chunk" in caplog.text) is warned
     finally:
         runtime.shutdown()
 
