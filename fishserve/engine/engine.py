@@ -442,15 +442,18 @@ class LLMEngine:
         return seq.segment == 0 and len(seq.frames) <= self.config.boost_frames
 
     def _boost_due(self) -> bool:
-        """Whether a boost step should follow: some young sequence runs (or waits), beside at
+        """Whether a boost step should follow: some young sequence runs, or heads the waiting
+        queue (a new request; not an old one's next segment or a preempted one), beside at
         least `boost_min_running` others (and at least one)."""
         if not self.config.boost_frames:
             return False
         running = self.scheduler.running
         young = sum(1 for seq in running if self._young(seq))
         others = len(running) - young
-        enough = others >= max(self.config.boost_min_running, 1)
-        return enough and (young > 0 or bool(self.scheduler.waiting))
+        if others < max(self.config.boost_min_running, 1):
+            return False
+        waiting = self.scheduler.waiting  # FCFS: only its head can be admitted first
+        return young > 0 or (bool(waiting) and self._young(waiting[0]))
 
     def _run(self, batch: ScheduledBatch) -> list[EngineEvent]:
         """Run `batch` to its frames (synchronously) and return its events."""

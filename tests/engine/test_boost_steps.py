@@ -110,6 +110,21 @@ def test_no_boost_steps_below_the_running_minimum(tiny_model, tiny_tokenizer):
     assert all(torch.equal(codes[k][0], plain[k][0]) for k in plain)
 
 
+def test_an_old_streams_next_segment_gets_no_boost_step(tiny_model, tiny_tokenizer):
+    engine = make_engine(tiny_model, tiny_tokenizer, boost_frames=2, boost_min_running=1)
+    long_text = GenerationRequest(
+        "word " * 10, max_new_tokens=8, ignore_eos=True, chunk_length=12, request_id="long"
+    )
+    engine.add_request(long_text)
+    engine.add_request(_request(1, 200))
+    seq, segments = engine.sequences["long"], set()
+    while "long" in engine.sequences:
+        engine.step()
+        segments.add(seq.segment)
+    assert len(segments) > 2  # it went back to the waiting queue for each next segment
+    assert engine.boost_steps == 0  # both started together: nobody was young beside others
+
+
 def test_a_stream_alone_gets_no_boost_steps(tiny_model, tiny_tokenizer):
     engine = make_engine(tiny_model, tiny_tokenizer, boost_frames=8, boost_min_running=0)
     run_engine(engine, [_request(0, 10)])
