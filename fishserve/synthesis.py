@@ -33,6 +33,7 @@ from fishserve.errors import GenerationError
 from fishserve.models.config import DECODER_FILENAME, check_weight_files
 from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.firefly import FireflyGenerator, load_firefly
+from fishserve.models.firefly.config import SpecConfig
 from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
 from fishserve.models.prompt import Reference
 from fishserve.models.tokenizer import FishTokenizer
@@ -48,7 +49,7 @@ RANDOM_WEIGHTS_WARNING = (
     "For speech: --checkpoint checkpoints/fish-speech-1.5 (README: Real weights)."
 )
 CODES_SUFFIXES = (".npy",)
-REFERENCE_RATE = 44100  # Hz: the Firefly decoder's rate in Fish Speech 1.5's config
+REFERENCE_RATE: int = SpecConfig.sample_rate  # Hz: the Firefly decoder's default (1.5's)
 # Codes a file may hold: the semantic codebook of Fish Speech 1.5 (`DualARConfig.codebook_size`,
 # 1024); the decoder reads ids of 1000 and up modulo its 1000 FSQ codes, as the reference does.
 MAX_CODE = 1024

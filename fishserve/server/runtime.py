@@ -375,11 +375,8 @@ def check_settings(config: ServerConfig) -> None:
             raise ValueError(f"{name} needs a CUDA device, but the device is {device}{found}")
     if config.engine_sms is not None and not cuda_bindings_installed():
         raise ValueError(NO_CUDA_BINDINGS)
-    if config.boost_frames and config.async_scheduling:
-        raise ValueError(
-            "boost_frames needs sync scheduling (leave async_scheduling off): with async "
-            "steps every running sequence's frame in flight must be in the next step"
-        )
+    # the engine's own rules for these (EngineConfig.__post_init__), before anything loads
+    EngineConfig(boost_frames=config.boost_frames, async_scheduling=config.async_scheduling)
     if config.async_scheduling and config.gpu_sharing == "turns":
         raise ValueError(
             "async_scheduling needs gpu_sharing overlap: with turns each step waits for its "
