@@ -128,8 +128,8 @@ def serve(
         _setting(
             "boost_frames",
             "Under load, after every engine step run a step of just the streams with fewer "
-            "than this many audio frames so far (their first chunks come sooner); needs sync "
-            "scheduling (not --async-scheduling); 0 = off.",
+            "than this many audio frames so far (their first chunks come sooner); sync or "
+            "--async-scheduling; 0 = off.",
         ),
     ] = None,
     boost_min_running: Annotated[

@@ -90,8 +90,9 @@ class EngineConfig:
             latency-bound (~1,100 kernels) and takes ~20 ms for hundreds of sequences on an
             H200 beside the decoder, while a step of a few dozen takes far less, so a new
             stream gets its first frames in fewer step periods (time to first audio) and the
-            others lose the boost steps' time. Sync scheduling only (`async_scheduling`'s
-            frames in flight assume every running sequence is in every step).
+            others lose the boost steps' time. With `async_scheduling` too: an old sequence's
+            frame in flight from the full step is read while the boost step runs, a young
+            one's is carried on the device like any other.
         boost_min_running: see `boost_frames`: boost steps only while at least this many
             running sequences are not young (and at least one: with none, a boost step would
             be a second full step); below it a full step is about as fast as a boost step,
@@ -119,11 +120,6 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.boost_frames < 0 or self.boost_min_running < 0:
             raise ValueError("boost_frames and boost_min_running must be >= 0")
-        if self.boost_frames and self.async_scheduling:
-            raise ValueError(
-                "boost_frames needs sync scheduling: with async_scheduling every running "
-                "sequence's frame in flight must be in the next step"
-            )
 
 
 @dataclass(frozen=True)
@@ -425,7 +421,7 @@ class LLMEngine:
         return self._run(self._schedule())
 
     def _schedule(self) -> ScheduledBatch:
-        """The next sync step's batch: a boost step of the young sequences after a full step
+        """The next step's batch: a boost step of the young sequences after a full step
         when `EngineConfig.boost_frames` calls for one, else a full step."""
         if not self._boosted and self._boost_due():
             self._boosted = True
@@ -493,7 +489,7 @@ class LLMEngine:
         frames while the next one runs (see `step`)."""
         start = time.perf_counter()
         events = self._finish() if self._launched is not None else []
-        batch = self.scheduler.schedule()
+        batch = self._schedule()
         if batch and not self.runner.can_overlap(batch):  # a step too large for the rows
             events += self._collect()
             batch.items = [(s, n) for s, n in batch.items if self._still_scheduled(s, n)]

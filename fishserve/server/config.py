@@ -82,7 +82,7 @@ class ServerConfig(BaseModel):
     compile_fast_transformer: bool = True
     # Boost steps for young streams (EngineConfig.boost_frames): after every full step, a step
     # of the sequences with fewer than this many audio frames of their first segment, while at
-    # least boost_min_running others run; 0 = off. Sync scheduling only.
+    # least boost_min_running others run; 0 = off. Sync or async scheduling.
     boost_frames: int = Field(0, ge=0, le=8192)
     boost_min_running: int = Field(64, ge=0)
     engine_process: Literal["auto", "on", "off"] = "auto"

@@ -356,7 +356,7 @@ def check_settings(config: ServerConfig) -> None:
     Raises:
         ValueError: CUDA asked for but absent, a bad budget, a fraction of GPU memory on CPU,
             Triton decoder kernels where they cannot run, async_scheduling with gpu_sharing
-            turns or with boost_frames, dummy_logits with real weights, engine_sms without
+            turns, negative boost settings, dummy_logits with real weights, engine_sms without
             cuda-bindings, confine_engine_graphs without engine_sms or with enforce_eager, bad
             step-profiler variables (`StepProfiler.from_env`).
         FileNotFoundError: a checkpoint folder, decoder weights or decoder config is missing.
@@ -376,7 +376,7 @@ def check_settings(config: ServerConfig) -> None:
     if config.engine_sms is not None and not cuda_bindings_installed():
         raise ValueError(NO_CUDA_BINDINGS)
     # the engine's own rules for these (EngineConfig.__post_init__), before anything loads
-    EngineConfig(boost_frames=config.boost_frames, async_scheduling=config.async_scheduling)
+    EngineConfig(boost_frames=config.boost_frames, boost_min_running=config.boost_min_running)
     if config.async_scheduling and config.gpu_sharing == "turns":
         raise ValueError(
             "async_scheduling needs gpu_sharing overlap: with turns each step waits for its "

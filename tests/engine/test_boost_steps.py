@@ -1,5 +1,5 @@
 """Boost steps (EngineConfig.boost_frames): young streams get a step of their own after each
-full step, without changing any stream's frames."""
+full step, without changing any stream's frames, with sync or asynchronous scheduling."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from fishserve.engine.engine import EngineConfig, GenerationRequest
 from fishserve.engine.sampling import SamplingParams
-from tests.conftest import make_engine, run_engine
+from tests.conftest import load_tiny_model, make_engine, run_engine
 
 
 def _request(i: int, frames: int = 12, chunk_length: int = 0) -> GenerationRequest:
@@ -49,18 +49,22 @@ SETTINGS = {
     "static rows": {"static_decode": True},
     "general path": {"static_decode": False},
     "preemption": {"static_decode": True, "num_kv_blocks": 14},
+    "async": {"static_decode": True, "async_scheduling": True},
+    "async, preemption": {"static_decode": True, "async_scheduling": True, "num_kv_blocks": 14},
 }
 
 
 @pytest.mark.parametrize("settings", SETTINGS.values(), ids=SETTINGS.keys())
 def test_boost_steps_give_the_frames_of_plain_steps(tiny_model, tiny_tokenizer, settings):
     base = {"max_num_seqs": 8, **settings}
-    plain = _stream(make_engine(tiny_model, tiny_tokenizer, **base), _arrivals())
+    plain_settings = {k: v for k, v in base.items() if k != "async_scheduling"}
+    plain = _stream(make_engine(tiny_model, tiny_tokenizer, **plain_settings), _arrivals())
     engine = make_engine(tiny_model, tiny_tokenizer, boost_frames=4, boost_min_running=1, **base)
     boosted = _stream(engine, _arrivals())
     assert boosted == plain
     assert engine.boost_steps > 0 and engine.stats().boost_steps == engine.boost_steps
     assert engine.blocks.num_free == engine.blocks.num_blocks
+    assert not engine.has_work()
     if "num_kv_blocks" in settings:
         assert engine.scheduler.num_preemptions > 0
 
@@ -136,9 +140,49 @@ def test_a_stream_alone_gets_no_boost_steps(tiny_model, tiny_tokenizer):
     [
         ({"boost_frames": -1}, "must be >= 0"),
         ({"boost_min_running": -1}, "must be >= 0"),
-        ({"boost_frames": 8, "async_scheduling": True}, "boost_frames needs sync scheduling"),
     ],
 )
 def test_bad_boost_settings_are_refused(settings, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(**settings)
+
+
+def test_an_async_boost_step_runs_only_the_young_sequences(tiny_model, tiny_tokenizer):
+    engine = make_engine(
+        tiny_model,
+        tiny_tokenizer,
+        boost_frames=3,
+        boost_min_running=1,
+        async_scheduling=True,
+        static_decode=True,
+    )
+    engine.add_request(_request(0, 40))
+    for _ in range(8):
+        engine.step()
+    engine.add_request(_request(1, 40))
+    old, young = engine.sequences["r0"], engine.sequences["r1"]
+    seen = []
+    for _ in range(8):  # every step's events are the step before's (asynchronous)
+        seen.append({e.request_id for e in engine.step() if e.codes is not None})
+    assert engine.boost_steps > 0
+    assert {"r1"} in seen  # the frames of a boost step: the young stream's alone
+    assert len(young.frames) > len(old.frames) - 8  # it made up ground on the old one
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_cuda_graph_boost_steps_give_the_frames_of_plain_steps(tiny_tokenizer, async_scheduling):
+    model = load_tiny_model().cuda()
+    base = {"max_num_seqs": 8, "num_kv_blocks": 64}
+    plain = _stream(make_engine(model, tiny_tokenizer, **base), _arrivals())
+    engine = make_engine(
+        model,
+        tiny_tokenizer,
+        boost_frames=4,
+        boost_min_running=1,
+        async_scheduling=async_scheduling,
+        **base,
+    )
+    assert engine.runner.num_captures > 0
+    assert _stream(engine, _arrivals()) == plain
+    assert engine.boost_steps > 0

@@ -106,8 +106,8 @@ TRITON_ON_CPU = pytest.param(
             "async_scheduling needs gpu_sharing overlap",
         ),
         (
-            [*TINY, "--async-scheduling", "--boost-frames", "32"],
-            "boost_frames needs sync scheduling",
+            [*TINY, "--boost-frames", "32", "--boost-min-running", "-1"],
+            "boost_min_running = -1 (from --boost-min-running)",
         ),
         ([*TINY, "--boost-frames", "-1"], "boost_frames = -1 (from --boost-frames)"),
         (
