@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import dataclass, fields
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -31,6 +32,7 @@ from fishserve.engine.frame import (
 )
 from fishserve.engine.host_copy import copy_to_device_, to_device
 from fishserve.engine.kv_cache import PagedKVCache
+from fishserve.engine.persistent_batch import PersistentBatch
 from fishserve.engine.sampling import REPETITION_WINDOW
 from fishserve.engine.sequence import Sequence
 from fishserve.models.dual_ar import DualARTransformer
@@ -154,7 +156,10 @@ def _columns(seq: Sequence, n: int) -> np.ndarray:
 
 
 def build_row_inputs(
-    items: list[tuple[Sequence, int]], block_size: int, max_blocks: int
+    items: list[tuple[Sequence, int]],
+    block_size: int,
+    max_blocks: int,
+    rows: PersistentBatch | None = None,
 ) -> tuple[DecodeInputs, list[Sequence]]:
     """Host inputs of a step that runs every scheduled position as one row of a decode step.
 
@@ -166,9 +171,24 @@ def build_row_inputs(
     column is its frame in flight (asynchronous scheduling) gets zeros in that column and
     its window; `carry_frames_` fills them on the device.
 
+    With `rows` (the scheduler's `PersistentBatch`) and every sequence holding a slot, the
+    slowly changing values are gathered from it (`gather_row_inputs`); otherwise they are read
+    from each sequence. Both give the same inputs.
+
     Returns:
         ``(inputs, samplers)``: DecodeInputs of R = sum(n) rows, and the S samplers in order.
     """
+    if rows is not None and items and rows.block_tables.shape[1] == max_blocks:
+        slots = np.fromiter((q.slot for q, _ in items), np.int64, len(items))
+        if slots.min() >= 0:
+            return gather_row_inputs(items, slots, block_size, rows)
+    return build_row_inputs_per_sequence(items, block_size, max_blocks)
+
+
+def build_row_inputs_per_sequence(
+    items: list[tuple[Sequence, int]], block_size: int, max_blocks: int
+) -> tuple[DecodeInputs, list[Sequence]]:
+    """`build_row_inputs` reading every value from the sequences (no persistent rows)."""
     order, samplers = _row_layout(items)
     tables = _block_tables(items, max_blocks)
     if all(n == 1 for _, n in items):  # one column per sequence
@@ -182,12 +202,25 @@ def build_row_inputs(
         tables = np.repeat(tables, [n for _, n in items], axis=0)
     if not len(samplers) == len(order) == len(items):  # else every item is one sampling row
         columns, positions, tables = columns[order], positions[order], tables[order]
-    rows = np.arange(len(order))
-    slots = tables[rows, positions // block_size].astype(np.int64) * block_size
-    slots += positions % block_size
     pad, shape = len(order) - len(samplers), tuple(items[0][0].window.shape)
     sampling = build_sampling_inputs(samplers, pad, shape)
-    inputs = DecodeInputs(
+    return _decode_inputs(columns, positions, tables, block_size, sampling), samplers
+
+
+def _decode_inputs(
+    columns: np.ndarray,
+    positions: np.ndarray,
+    tables: np.ndarray,
+    block_size: int,
+    sampling: SamplingInputs,
+) -> DecodeInputs:
+    """DecodeInputs of R rows from int64 columns (R, 1 + nc), int64 positions (R,), int32
+    block tables (R, max_blocks) and the sampling rows (slot mapping and context lengths
+    follow from the positions)."""
+    rows = np.arange(len(positions))
+    slots = tables[rows, positions // block_size].astype(np.int64) * block_size
+    slots += positions % block_size
+    return DecodeInputs(
         columns=torch.from_numpy(columns),
         positions=torch.from_numpy(positions),
         slot_mapping=torch.from_numpy(slots),
@@ -195,7 +228,83 @@ def build_row_inputs(
         context_lens=torch.from_numpy((positions + 1).astype(np.int32)),
         **{f.name: getattr(sampling, f.name) for f in fields(sampling)},
     )
-    return inputs, samplers
+
+
+def _int_field(seqs: list[Sequence], name: str) -> np.ndarray:
+    """int64 (len(seqs),) of an int attribute of each sequence (one C-level loop)."""
+    get = attrgetter(name)
+    return np.fromiter(map(get, seqs), np.int64, len(seqs))
+
+
+def gather_row_inputs(
+    items: list[tuple[Sequence, int]], slots: np.ndarray, block_size: int, rows: PersistentBatch
+) -> tuple[DecodeInputs, list[Sequence]]:
+    """`build_row_inputs` for sequences holding the slots int64 (len(items),) of `rows`.
+
+    Per sequence only its counters are read (positions computed, frames, frame in flight) and
+    its last column; the rest is gathered from `rows` with one index per field.
+    """
+    seqs = [q for q, _ in items]
+    counts = np.fromiter((n for _, n in items), np.int64, len(items))
+    computed = _int_field(seqs, "num_computed")
+    num_frames = np.fromiter(map(len, map(attrgetter("frames"), seqs)), np.int64, len(seqs))
+    inflight = _int_field(seqs, "inflight")
+    samples = computed + counts == rows.prompt_lens[slots] + num_frames + inflight
+    tables = rows.block_tables[slots]
+    if counts.max() == 1 and samples.all():  # a pure decode step: every row samples, in order
+        columns, positions, samplers = _sampler_columns(seqs, inflight > 0), computed, seqs
+    else:
+        columns, positions, tables, samplers = _mixed_rows(
+            seqs, counts, computed, samples, inflight, tables
+        )
+    pad = len(positions) - len(samplers)
+    sampling = gather_sampling_inputs(rows, slots[samples], (num_frames + inflight)[samples], pad)
+    return _decode_inputs(columns, positions, tables, block_size, sampling), samplers
+
+
+def _sampler_columns(seqs: list[Sequence], in_flight: np.ndarray) -> np.ndarray:
+    """int64 (len(seqs), 1 + nc) input columns of sequences that compute one position, their
+    last (`_column`): the last frame, or the last prompt column before the first frame; zeros
+    where the column is in flight (bool (len(seqs),))."""
+    columns = stack_rows([q.frames[-1] if q.frames else q.prompt_np[:, -1] for q in seqs])
+    columns[in_flight] = 0
+    return columns
+
+
+def _mixed_rows(
+    seqs: list[Sequence],
+    counts: np.ndarray,
+    computed: np.ndarray,
+    samples: np.ndarray,
+    inflight: np.ndarray,
+    tables: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Sequence]]:
+    """Columns, positions and block tables of a step with prefill chunks, samplers first.
+
+    Args:
+        counts, computed, inflight: int64 (N,) positions scheduled, computed, frames in flight.
+        samples: bool (N,) which items sample; tables: int32 (N, max_blocks) per item.
+
+    Returns:
+        int64 columns (R, 1 + nc), int64 positions (R,), int32 tables (R, max_blocks) in row
+        order (`_row_layout`), and the samplers in item order.
+    """
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    total = int(ends[-1])
+    positions = np.repeat(computed - starts, counts) + np.arange(total)
+    columns = np.empty((total, seqs[0].prompt_np.shape[0]), dtype=np.int64)
+    single = np.flatnonzero((counts == 1) & samples)
+    if len(single):
+        picked = [seqs[i] for i in single]
+        columns[starts[single]] = _sampler_columns(picked, inflight[single] > 0)
+    for i in np.flatnonzero((counts > 1) | ~samples).tolist():
+        columns[starts[i] : ends[i]] = _columns(seqs[i], int(counts[i])).T
+    last = (ends - 1)[samples]
+    order = np.concatenate([last, np.delete(np.arange(total), last)])
+    samplers = [seqs[i] for i in np.flatnonzero(samples)]
+    tables = np.repeat(tables, counts, axis=0)
+    return columns[order], positions[order], tables[order], samplers
 
 
 @dataclass
@@ -273,6 +382,35 @@ def build_sampling_inputs(
         segments=i[1],
         frames=i[2],
         windows=torch.from_numpy(stack_rows(windows)),
+    )
+
+
+def gather_sampling_inputs(
+    rows: PersistentBatch, slots: np.ndarray, num_frames: np.ndarray, pad: int = 0
+) -> SamplingInputs:
+    """`build_sampling_inputs` of the sequences holding `slots` int64 (S,) of `rows`, whose
+    frame counts (`Sequence.num_frames`) are `num_frames` int64 (S,); `pad` neutral rows."""
+    n = len(slots)
+    floats = np.ones((3, n + pad), dtype=np.float32)  # temperature, top_p, penalty
+    ints = np.zeros((3, n + pad), dtype=np.int64)  # seed, segment, frames
+    floats[0, :n] = rows.temperature[slots]
+    floats[1, :n] = rows.top_p[slots]
+    floats[2, :n] = np.where(num_frames > 0, rows.repetition_penalty[slots], np.float32(1.0))
+    ints[0, :n] = rows.seeds[slots]
+    ints[1, :n] = rows.segments[slots]
+    ints[2, :n] = num_frames
+    windows = rows.windows[slots]
+    if pad:
+        windows = np.concatenate([windows, np.zeros((pad, *windows.shape[1:]), np.int64)])
+    f, i = torch.from_numpy(floats), torch.from_numpy(ints)
+    return SamplingInputs(
+        temperature=f[0],
+        top_p=f[1],
+        penalty=f[2],
+        seeds=i[0],
+        segments=i[1],
+        frames=i[2],
+        windows=torch.from_numpy(windows),
     )
 
 

@@ -26,6 +26,7 @@ from fishserve.engine.memory import (
     module_bytes,
     plan_memory,
 )
+from fishserve.engine.persistent_batch import PersistentBatch
 from fishserve.engine.profiling import profile_activation_bytes
 from fishserve.engine.reference import PromptTooLongError, frame_budget
 from fishserve.engine.runner import (
@@ -226,9 +227,6 @@ class LLMEngine:
         log.info("%s (KV %s)", self.memory.summary(example), kv_dtype)
         self.cache = PagedKVCache(layout, self.device)
         self.blocks = BlockManager(self.memory.num_blocks, config.block_size, reserved=1)
-        self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.blocks
-        )
         self.runner = ModelRunner(
             model,
             self.cache,
@@ -241,6 +239,13 @@ class LLMEngine:
             config.compile_fast_transformer,
             stream=step_stream,
             graphs_on_stream=config.confine_graphs,
+        )
+        # The running sequences' slowly changing step inputs, one row each (the scheduler
+        # keeps them in step with its running list; the runner gathers a step's rows there).
+        rows = PersistentBatch(config.max_num_seqs, 1 + mc.num_codebooks, self.runner.max_blocks)
+        self.runner.rows = rows
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.blocks, rows
         )
         self.sequences: dict[str, Sequence] = {}
         self.frames_generated = 0

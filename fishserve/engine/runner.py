@@ -32,6 +32,7 @@ from fishserve.engine.graph_decoder import CudaGraphDecoder, DecodeLaunch
 from fishserve.engine.host_copy import PinnedDownload, to_device
 from fishserve.engine.kv_cache import PagedKVCache
 from fishserve.engine.paged_attention import AttentionMetadata, TorchPagedAttention
+from fishserve.engine.persistent_batch import PersistentBatch
 from fishserve.engine.scheduler import ScheduledBatch
 from fishserve.engine.sequence import Sequence
 from fishserve.engine.triton_attention import triton_available
@@ -177,6 +178,8 @@ class ModelRunner:
 
     Attributes:
         busy_seconds: time the device spent on this runner's steps (see `execute`).
+        rows: the scheduler's persistent rows of the running sequences (`PersistentBatch`),
+            which static steps gather their inputs from; None: read from each sequence.
         full_sort_rows: slow-token draws of the static path (captured or not) that the top-k
             prefilter could not decide and a full sort redid (exact either way).
 
@@ -224,6 +227,7 @@ class ModelRunner:
         self.busy = BusyTimer(self.device)
         self.max_rows = max_batch + static_prefill_tokens
         self._eager_full_sort_rows = 0
+        self.rows: PersistentBatch | None = None  # the scheduler's, set by the engine
         # Steps run on a high-priority stream: the decoder's long convolution kernels (on its
         # own default-priority stream) would otherwise hold the SMs while each of a step's
         # ~1,000 short kernels waits its turn. A graph replays at its stream's priority.
@@ -401,7 +405,8 @@ class ModelRunner:
         self, items: list[tuple[Sequence, int]], carry: FrameCarry | None = None
     ) -> RowsLaunch:
         """Queue the first half of a static step with one row per scheduled position."""
-        host, samplers = build_row_inputs(items, self.cache.layout.block_size, self.max_blocks)
+        block_size = self.cache.layout.block_size
+        host, samplers = build_row_inputs(items, block_size, self.max_blocks, self.rows)
         rows, live = host.columns.shape[0], len(samplers)
         plan = carry_plan(samplers, carry)
         carried = None

@@ -12,6 +12,9 @@ are admitted first-come-first-served while the caps allow:
 When a running sequence needs a new block and none is free, the newest running sequence is
 preempted: its blocks are freed and it goes back to the head of the waiting queue, to be
 recomputed (prompt + frames so far) when blocks free up. Nothing fails for lack of blocks.
+
+With a `PersistentBatch`, a sequence holds a slot of it exactly while it is in the running list
+(joins at admission, leaves in `release`), and its row's block table follows its growth.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fishserve.engine.block_manager import BlockManager
+from fishserve.engine.persistent_batch import PersistentBatch
 from fishserve.engine.sequence import Sequence, Status
 
 
@@ -63,11 +67,21 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    """Waiting and running queues over a `BlockManager`."""
+    """Waiting and running queues over a `BlockManager`.
 
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+    Args:
+        rows: the running sequences' persistent rows (`PersistentBatch`, at least
+            `max_num_seqs` slots), kept in step with the running list; None: none kept.
+    """
+
+    def __init__(
+        self, config: SchedulerConfig, blocks: BlockManager, rows: PersistentBatch | None = None
+    ) -> None:
+        if rows is not None and rows.capacity < config.max_num_seqs:
+            raise ValueError(f"{rows.capacity} persistent rows for {config.max_num_seqs} seqs")
         self.config = config
         self.blocks = blocks
+        self.rows = rows
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -92,6 +106,8 @@ class Scheduler:
         seq.num_computed = 0
         if seq in self.running:
             self.running.remove(seq)
+        if self.rows is not None:
+            self.rows.leave(seq)
 
     def remove(self, seq: Sequence) -> None:
         """Take a sequence out of the engine wherever it is, freeing its blocks."""
@@ -136,6 +152,8 @@ class Scheduler:
             if victim is seq:
                 return False
         self.blocks.grow(seq.block_table, positions)
+        if self.rows is not None:
+            self.rows.sync_blocks(seq)
         return True
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
@@ -156,6 +174,8 @@ class Scheduler:
             self.blocks.grow(seq.block_table, seq.num_positions)
             seq.status = Status.RUNNING
             self.running.append(seq)
+            if self.rows is not None:
+                self.rows.join(seq)
             n = min(seq.num_pending, budget)
             batch.items.append((seq, n))
             budget -= n

@@ -52,6 +52,8 @@ class Sequence:
         inflight: frames sampled by a launched step that the host has not read yet (0 or 1;
             only with the engine's asynchronous scheduling). They count as positions, so the
             next step can be scheduled before the frame's values are known.
+        slot: its row of the scheduler's `PersistentBatch` while it runs, else -1 (while it
+            holds one, `window` is a view of that row).
 
     Per-step state is kept in NumPy: a NumPy operation on a small array keeps the GIL, while
     a PyTorch call releases and re-acquires it, which under a busy event loop costs up to a
@@ -78,6 +80,7 @@ class Sequence:
     status: Status = Status.WAITING
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
+    slot: int = -1
 
     def start_segment(self, prompt: Tensor, budget: int) -> None:
         """Reset the per-segment state for a new prompt (1 + nc, P)."""
