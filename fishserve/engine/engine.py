@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -36,7 +37,7 @@ from fishserve.engine.runner import (
     PendingStep,
     RowsLaunch,
 )
-from fishserve.engine.sampling import SamplingParams
+from fishserve.engine.sampling import REPETITION_WINDOW, SamplingParams
 from fishserve.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from fishserve.engine.sequence import Sequence, Status
 from fishserve.models.dual_ar import DualARTransformer
@@ -185,6 +186,20 @@ class EngineStats:
     steps: int = 0  # steps run (each computes one frame per decoding sequence)
     full_sort_rows: int = 0  # prefilter misses redone with a full sort (ModelRunner)
     boost_steps: int = 0  # steps of young sequences only (EngineConfig.boost_frames)
+
+
+def _frame_events(
+    seqs: list[Sequence], frames: np.ndarray, audio: np.ndarray
+) -> list[EngineEvent | None]:
+    """One frame event per row of int64 `frames` (S, 1 + nc) (codes: a view of the row's
+    codebooks), None where bool `audio` (S,) is False."""
+    codes = frames[:, 1:]
+    if audio.all():
+        return [EngineEvent(q.request_id, c, q.segment) for q, c in zip(seqs, codes, strict=True)]
+    return [
+        EngineEvent(q.request_id, c, q.segment) if a else None
+        for q, c, a in zip(seqs, codes, audio.tolist(), strict=True)
+    ]
 
 
 class KVPoolTooSmallError(ValueError):
@@ -474,8 +489,7 @@ class LLMEngine:
             return [self._fail(seq, f"generation failed: {exc}") for seq, _ in batch.items]
         self._log_if_slow(start, batch)
         events: list[EngineEvent] = []
-        for seq, frame in results:
-            self._on_frame(seq, frame, events)
+        self._on_frames(results.seqs, results.frames, events)
         return events
 
     def _log_if_slow(self, start: float, batch: ScheduledBatch) -> None:
@@ -573,29 +587,79 @@ class LLMEngine:
             log.exception("reading a step's frames failed")
             alive = [s for s in pending.samplers if self.sequences.get(s.request_id) is s]
             return [self._fail(seq, f"generation failed: {exc}") for seq in alive]
-        events: list[EngineEvent] = []
-        for (seq, frame), slot in zip(results, expected, strict=True):
-            if not self._current(seq, slot) or seq.inflight <= 0:
-                continue
+        keep = [
+            i
+            for i, (seq, slot) in enumerate(zip(results.seqs, expected, strict=True))
+            if self._current(seq, slot) and seq.inflight > 0
+        ]
+        seqs = [results.seqs[i] for i in keep]
+        for seq in seqs:
             seq.inflight -= 1
-            self._on_frame(seq, frame, events)
+        frames = results.frames if len(keep) == len(results.seqs) else results.frames[keep]
+        events: list[EngineEvent] = []
+        self._on_frames(seqs, frames, events)
         return events
 
     def _on_frame(self, seq: Sequence, row: np.ndarray, events: list[EngineEvent]) -> None:
-        """Record `seq`'s sampled frame (1 + nc,) and append its events to `events`
-        (hundreds of calls per step: kept to a few Python operations)."""
-        seq.add_frame(row)  # NumPy rows: no PyTorch call per frame (see `Sequence`)
-        self.frames_generated += 1
-        index = len(seq.frames) - 1
-        stop = False
-        if index >= 1:  # the first frame of a segment is not audio (spec §6.2)
-            events.append(EngineEvent(seq.request_id, row[1:], seq.segment))
-            stop = not seq.ignore_eos and row[0] == self.tokenizer.im_end_id
-        if stop or index + 1 >= seq.budget:
-            seq.cut_at_budget = seq.cut_at_budget or not stop
+        """Record `seq`'s sampled frame (1 + nc,) and append its events (`_on_frames`)."""
+        self._on_frames([seq], row[None], events)
+
+    def _on_frames(
+        self, seqs: list[Sequence], frames: np.ndarray, events: list[EngineEvent]
+    ) -> None:
+        """Record a step's sampled frames and append their events to `events`.
+
+        Row i of `frames` (int64 NumPy (S, 1 + nc)) is `seqs[i]`'s frame (distinct sequences).
+        Events come in row order: each audio frame's event, then its sequence's end-of-request
+        event when that frame ended it. Vectorised over the rows (hundreds per step): a few
+        Python operations per frame.
+        """
+        if not seqs:
+            return
+        frames = np.asarray(frames, dtype=np.int64)
+        n = len(seqs)
+        index = np.fromiter(map(len, map(attrgetter("frames"), seqs)), np.int64, n)
+        self._enter_windows(seqs, frames, index)
+        for seq, row in zip(seqs, frames, strict=True):  # row views: no copy per frame
+            seq.frames.append(row)
+        self.frames_generated += n
+        audio = index >= 1  # the first frame of a segment is not audio (spec §6.2)
+        stop = audio & (frames[:, 0] == self.tokenizer.im_end_id)
+        if stop.any():
+            stop &= ~np.fromiter(map(attrgetter("ignore_eos"), seqs), bool, n)
+        budgets = np.fromiter(map(attrgetter("budget"), seqs), np.int64, n)
+        made = _frame_events(seqs, frames, audio)
+        start = 0
+        for i in np.flatnonzero(stop | (index + 1 >= budgets)).tolist():
+            events.extend(filter(None, made[start : i + 1]))
+            start = i + 1
+            seq = seqs[i]
+            seq.cut_at_budget = seq.cut_at_budget or not stop[i]
             end = self._end_segment(seq)
             if end is not None:
                 events.append(end)
+        events.extend(filter(None, made[start:]))
+
+    def _enter_windows(self, seqs: list[Sequence], frames: np.ndarray, index: np.ndarray) -> None:
+        """Write decode-loop frames into their sequences' penalty windows (`Sequence.add_frame`'s
+        ring): one scatter into the persistent rows for the sequences holding one, a write
+        each for the others (a preempted sequence receiving its frame in flight).
+
+        Args:
+            frames: int64 (S, 1 + nc) the frames; index: int64 (S,) each frame's index in its
+                segment (0: the prefill frame, which enters no window).
+        """
+        decode = index >= 1
+        column = (index - 1) % REPETITION_WINDOW
+        slots = np.fromiter(map(attrgetter("slot"), seqs), np.int64, len(seqs))
+        held = decode & (slots >= 0)
+        rows = self.scheduler.rows
+        if rows is None:
+            held[:] = False
+        else:
+            rows.windows[slots[held], :, column[held]] = frames[held]
+        for i in np.flatnonzero(decode & ~held).tolist():
+            seqs[i].window[:, column[i]] = frames[i]
 
     def _end_segment(self, seq: Sequence) -> EngineEvent | None:
         seq.plan.record(torch.from_numpy(np.stack(seq.frames, axis=1)))

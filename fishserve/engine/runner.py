@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,6 +67,20 @@ class RowsLaunch:
 
     samplers: list[Sequence]
     launched: DecodeLaunch
+
+
+@dataclass
+class StepFrames:
+    """A step's sampled frames: row i of `frames` (int64 NumPy (S, 1 + nc)) is `seqs[i]`'s.
+
+    Iterating gives (sequence, frame (1 + nc,)) pairs.
+    """
+
+    seqs: list[Sequence]
+    frames: np.ndarray
+
+    def __iter__(self) -> Iterator[tuple[Sequence, np.ndarray]]:
+        return iter(zip(self.seqs, self.frames, strict=True))
 
 
 @dataclass
@@ -262,8 +277,8 @@ class ModelRunner:
         return 0 if self.graphs is None else self.graphs.num_captures
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, np.ndarray]]:
-        """Compute the batch; return (sequence, frame: int64 NumPy (1 + nc,)) for samplers.
+    def execute(self, batch: ScheduledBatch) -> StepFrames:
+        """Compute the batch; return the samplers' frames.
 
         Advances `num_computed` of every scheduled sequence and adds the step's device time to
         `busy_seconds` (`BusyTimer`: CUDA events, no extra synchronisation).
@@ -299,10 +314,9 @@ class ModelRunner:
         index = {id(seq): row for row, seq in enumerate(samplers)}
         return PendingStep(samplers, FrameCarry(frames, index), self._frames_down)
 
-    def collect(self, pending: PendingStep) -> list[tuple[Sequence, np.ndarray]]:
-        """(sequence, frame: int64 NumPy (1 + nc,)) of a `finish`ed step, once copied."""
-        frames = pending.download.wait()
-        return list(zip(pending.samplers, frames, strict=True))
+    def collect(self, pending: PendingStep) -> StepFrames:
+        """The frames of a `finish`ed step, once copied."""
+        return StepFrames(pending.samplers, pending.download.wait())
 
     def _on_stream(self) -> contextlib.AbstractContextManager[object]:
         return contextlib.nullcontext() if self.stream is None else torch.cuda.stream(self.stream)
@@ -337,7 +351,7 @@ class ModelRunner:
         """Device time of the completed steps (CUDA events; wall time on CPU)."""
         return self.busy.seconds
 
-    def _execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, np.ndarray]]:
+    def _execute(self, batch: ScheduledBatch) -> StepFrames:
         if not self.static_decode:
             return self._finish(self._sample_general(self._prefill(batch)))
         if batch.num_tokens <= self.max_rows:  # every position a row of one static step
@@ -355,21 +369,21 @@ class ModelRunner:
             outputs.append(self._sample_prefill(prefill))
         return self._finish(outputs)
 
-    def _finish(
-        self, outputs: list[tuple[list[Sequence], Tensor]]
-    ) -> list[tuple[Sequence, np.ndarray]]:
-        """One device-to-host copy of every sampled frame; (sequence, frame) pairs.
+    def _finish(self, outputs: list[tuple[list[Sequence], Tensor]]) -> StepFrames:
+        """One device-to-host copy of every sampled frame.
 
-        Frames are int64 NumPy rows (1 + nc,) of one array: no PyTorch call per row (see
-        `Sequence`).
+        Frames are one int64 NumPy array: no PyTorch call per row (see `Sequence`).
         """
         if not outputs:
-            return []
+            rows = 1 + self.model.config.num_codebooks
+            return StepFrames([], np.zeros((0, rows), dtype=np.int64))
         # one output (the usual step) needs no concatenation: one PyTorch call less per step
         parts = [f for _, f in outputs]
         frames = self._frames_down.download(parts[0] if len(parts) == 1 else torch.cat(parts))
         seqs = [seq for group, _ in outputs for seq in group]
-        return list(zip(seqs, frames, strict=True))
+        if len(seqs) != len(frames):
+            raise RuntimeError(f"{len(frames)} frames for {len(seqs)} samplers")
+        return StepFrames(seqs, frames)
 
     def _prefill(self, batch: ScheduledBatch) -> PrefillOutput:
         """Queue the slow transformer over the batch's new positions (general path)."""
