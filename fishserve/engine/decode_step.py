@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import dataclass, fields
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 import numpy as np
 import torch
@@ -179,7 +179,7 @@ def build_row_inputs(
         ``(inputs, samplers)``: DecodeInputs of R = sum(n) rows, and the S samplers in order.
     """
     if rows is not None and items and rows.block_tables.shape[1] == max_blocks:
-        slots = np.fromiter((q.slot for q, _ in items), np.int64, len(items))
+        slots = _int_field(list(map(itemgetter(0), items)), "slot")
         if slots.min() >= 0:
             return gather_row_inputs(items, slots, block_size, rows)
     return build_row_inputs_per_sequence(items, block_size, max_blocks)
@@ -244,8 +244,8 @@ def gather_row_inputs(
     Per sequence only its counters are read (positions computed, frames, frame in flight) and
     its last column; the rest is gathered from `rows` with one index per field.
     """
-    seqs = [q for q, _ in items]
-    counts = np.fromiter((n for _, n in items), np.int64, len(items))
+    seqs = list(map(itemgetter(0), items))
+    counts = np.fromiter(map(itemgetter(1), items), np.int64, len(items))
     computed = _int_field(seqs, "num_computed")
     num_frames = np.fromiter(map(len, map(attrgetter("frames"), seqs)), np.int64, len(seqs))
     inflight = _int_field(seqs, "inflight")
@@ -436,6 +436,8 @@ def carry_plan(samplers: list[Sequence], carry: FrameCarry | None) -> np.ndarray
     Raises:
         RuntimeError: a sampler's column is in flight but `carry` does not hold its frame.
     """
+    if not any(map(attrgetter("inflight"), samplers)):  # no frame in flight (sync steps)
+        return None
     plan = [
         (row, seq, seq.inflight_window_slot)
         for row, seq in enumerate(samplers)

@@ -22,10 +22,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
+
+import numpy as np
 
 from fishserve.engine.block_manager import BlockManager
 from fishserve.engine.persistent_batch import PersistentBatch
-from fishserve.engine.sequence import Sequence, Status
+from fishserve.engine.sequence import Sequence, Status, pending_positions
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class ScheduledBatch:
     @property
     def num_tokens(self) -> int:
         """Positions computed this step."""
-        return sum(n for _, n in self.items)
+        return sum(map(itemgetter(1), self.items))
 
     def __bool__(self) -> bool:
         return bool(self.items)
@@ -124,6 +127,19 @@ class Scheduler:
         """
         batch = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
+        planned = None if only is not None else self._plan_running(budget)
+        if planned is None:
+            budget = self._schedule_running(batch, budget, only)
+        else:
+            batch.items, budget = planned
+        self._admit(batch, budget)
+        return batch
+
+    def _schedule_running(
+        self, batch: ScheduledBatch, budget: int, only: Callable[[Sequence], bool] | None
+    ) -> int:
+        """Give the running sequences (those `only` accepts) their next positions in order,
+        growing and preempting as needed; returns the budget left."""
         for seq in list(self.running):
             if seq.status is not Status.RUNNING or budget == 0:
                 continue
@@ -136,8 +152,35 @@ class Scheduler:
                 continue
             batch.items.append((seq, n))
             budget -= n
-        self._admit(batch, budget)
-        return batch
+        return budget
+
+    def _plan_running(self, budget: int) -> tuple[list[tuple[Sequence, int]], int] | None:
+        """`_schedule_running` of every running sequence when no preemption is needed (the
+        usual step), vectorised over the persistent rows: (items, budget left). None (nothing
+        changed) without rows, or when the free blocks cannot cover every growth: the loop
+        decides then."""
+        rows, running = self.rows, self.running
+        if rows is None or not running:
+            return None
+        statuses = list(map(attrgetter("status"), running))
+        slots = np.fromiter(map(attrgetter("slot"), running), np.int64, len(running))
+        if statuses.count(Status.RUNNING) != len(running) or slots.min() < 0:
+            return None
+        computed = np.fromiter(map(attrgetter("num_computed"), running), np.int64, len(running))
+        pending = pending_positions(running, rows.prompt_lens[slots], computed)
+        counts = np.clip(budget - (np.cumsum(pending) - pending), 0, pending)
+        size = self.blocks.block_size
+        need = np.maximum(-(-(computed + counts) // size) - rows.num_blocks[slots], 0)
+        need[counts == 0] = 0
+        if need.sum() > self.blocks.num_free:
+            return None
+        for i in np.flatnonzero(need).tolist():  # in order: the same blocks as the loop
+            seq = running[i]
+            self.blocks.grow(seq.block_table, int(computed[i] + counts[i]))
+            rows.sync_blocks(seq)
+        ns = counts.tolist()
+        items = [(seq, n) for seq, n in zip(running, ns, strict=True) if n]
+        return items, budget - sum(ns)
 
     def _make_room(self, seq: Sequence, positions: int, batch: ScheduledBatch) -> bool:
         """Grow `seq` to `positions`, preempting the newest running sequences if needed.

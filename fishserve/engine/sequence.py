@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -155,3 +156,18 @@ class Sequence:
         if decode_index >= 0:
             self.window[:, decode_index % REPETITION_WINDOW] = row
         self.frames.append(row)
+
+
+def pending_positions(
+    seqs: list[Sequence], prompt_lens: np.ndarray, computed: np.ndarray
+) -> np.ndarray:
+    """`Sequence.num_pending` of each of `seqs`, int64 (len(seqs),), given their prompt
+    lengths and `num_computed`, int64 (len(seqs),) each (one C-level pass per attribute
+    read, the rest vectorised)."""
+    n = len(seqs)
+    frames = np.fromiter(map(len, map(attrgetter("frames"), seqs)), np.int64, n)
+    inflight = np.fromiter(map(attrgetter("inflight"), seqs), np.int64, n)
+    budget = np.fromiter(map(attrgetter("budget"), seqs), np.int64, n)
+    pending = prompt_lens + frames + inflight - computed
+    pending[(inflight > 0) & (frames + inflight >= budget)] = 0  # the segment's last frame
+    return pending
