@@ -454,8 +454,9 @@ class LLMEngine:
 
     def _young(self, seq: Sequence) -> bool:
         """Whether `seq` is in its first segment with fewer than `boost_frames` audio frames
-        (its first frame is not audio, spec §6.2)."""
-        return seq.segment == 0 and len(seq.frames) <= self.config.boost_frames
+        (its first frame is not audio, spec §6.2), the one in flight counted (asynchronous
+        scheduling): else a boost step would sample its audio frame boost_frames + 1."""
+        return seq.segment == 0 and seq.num_frames <= self.config.boost_frames
 
     def _boost_due(self) -> bool:
         """Whether a boost step should follow: some young sequence runs, or heads the waiting

@@ -169,6 +169,41 @@ def test_an_async_boost_step_runs_only_the_young_sequences(tiny_model, tiny_toke
     assert len(young.frames) > len(old.frames) - 8  # it made up ground on the old one
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_boost_steps_end_at_boost_frames_with_a_frame_in_flight(
+    tiny_model, tiny_tokenizer, async_scheduling
+):
+    """A young stream's frame in flight counts (asynchronous scheduling): no boost step samples
+    its audio frame boost_frames + 1, whichever steps (boost or full) it was admitted in."""
+    engine = make_engine(
+        tiny_model,
+        tiny_tokenizer,
+        boost_frames=4,
+        boost_min_running=1,
+        async_scheduling=async_scheduling,
+        static_decode=True,
+    )
+    engine.add_request(_request(0, 60))
+    for _ in range(12):
+        engine.step()
+    engine.add_request(_request(2, 60))
+    engine.step()  # a boost step admits r2
+    engine.add_request(_request(1, 60))  # the full step after it admits r1
+    boosted: list[int] = []  # indices of r1's frames that boost steps sample
+    schedule = engine._schedule
+
+    def spy():
+        batch = schedule()
+        if engine._boosted:
+            boosted.extend(seq.num_frames for seq, _ in batch.items if seq.request_id == "r1")
+        return batch
+
+    engine._schedule = spy
+    while engine.has_work():
+        engine.step()
+    assert boosted == [1, 3]  # audio frames 1 and 3 (frame 0 is not audio); 5 is too many
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_cuda_graph_boost_steps_give_the_frames_of_plain_steps(tiny_tokenizer, async_scheduling):
