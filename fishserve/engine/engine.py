@@ -75,7 +75,9 @@ class EngineConfig:
             positions exceed max_num_seqs + this runs its prefill chunks eagerly instead.
         async_scheduling: schedule and launch step N+1 before step N's frames reach the host
             (`LLMEngine.step`), so the host's per-step work overlaps the device's. The same
-            frames as without it; `step` returns each step's events one call later.
+            frames as without it up to the rounding of batched matrix products (the step
+            after an end token computes a discarded row: one row more than without it);
+            `step` returns each step's events one call later.
         compile_fast_transformer: on CUDA, compile each step's second half (the fast
             transformer over the codebooks and their sampling) with torch.compile before the
             CUDA graphs are captured: fewer, fused kernels per step, one compilation at
