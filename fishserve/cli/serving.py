@@ -112,7 +112,8 @@ def serve(
         _setting(
             "async_scheduling",
             "GPU: launch each engine step before the previous one's frames reach the host "
-            "(a faster engine and lower RTF; later first audio near the server's capacity).",
+            "(a faster engine and lower RTF; alone, later first audio near the server's "
+            "capacity; with --boost-frames, the most real-time streams).",
         ),
     ] = None,
     compile_fast_transformer: Annotated[

@@ -75,7 +75,8 @@ class ServerConfig(BaseModel):
     # per-step work overlaps the GPU's (EngineConfig.async_scheduling). Off by default: the
     # server runs 9-39% more engine steps/s and keeps streams at RTF <= 0.5 up to 352 streams
     # on an H200, but its extra frames load the decoder and first audio came later at 384-448
-    # streams (docs/benchmarks.md §6.18).
+    # streams (docs/benchmarks.md §6.18); with boost_frames, which brings first audio forward,
+    # it served the most real-time streams (§6.24).
     async_scheduling: bool = False
     # torch.compile each engine step's fast-transformer half on CUDA before its graphs are
     # captured (EngineConfig.compile_fast_transformer): fewer kernels per step.
