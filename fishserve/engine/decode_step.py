@@ -373,7 +373,13 @@ def build_sampling_inputs(
     windows = [seq.window for seq in seqs]
     if pad:
         windows.extend([np.zeros(window_shape, dtype=np.int64)] * pad)
-    f, i = torch.from_numpy(floats.T.copy()), torch.from_numpy(ints.T.copy())
+    return _sampling_inputs(floats.T.copy(), ints.T.copy(), stack_rows(windows))
+
+
+def _sampling_inputs(floats: np.ndarray, ints: np.ndarray, windows: np.ndarray) -> SamplingInputs:
+    """`SamplingInputs` of float32 (3, S) rows (temperature, top_p, penalty), int64 (3, S)
+    rows (seed, segment, frames) and int64 windows (S, 1 + nc, 16), sharing their memory."""
+    f, i = torch.from_numpy(floats), torch.from_numpy(ints)
     return SamplingInputs(
         temperature=f[0],
         top_p=f[1],
@@ -381,7 +387,7 @@ def build_sampling_inputs(
         seeds=i[0],
         segments=i[1],
         frames=i[2],
-        windows=torch.from_numpy(stack_rows(windows)),
+        windows=torch.from_numpy(windows),
     )
 
 
@@ -402,16 +408,7 @@ def gather_sampling_inputs(
     windows = rows.windows[slots]
     if pad:
         windows = np.concatenate([windows, np.zeros((pad, *windows.shape[1:]), np.int64)])
-    f, i = torch.from_numpy(floats), torch.from_numpy(ints)
-    return SamplingInputs(
-        temperature=f[0],
-        top_p=f[1],
-        penalty=f[2],
-        seeds=i[0],
-        segments=i[1],
-        frames=i[2],
-        windows=torch.from_numpy(windows),
-    )
+    return _sampling_inputs(floats, ints, windows)
 
 
 @dataclass

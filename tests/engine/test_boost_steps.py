@@ -147,15 +147,13 @@ def test_bad_boost_settings_are_refused(settings, message):
         EngineConfig(**settings)
 
 
+def _static_engine(model, tokenizer, **settings):
+    """A boosting engine (boost_min_running 1) on the static-rows path."""
+    return make_engine(model, tokenizer, boost_min_running=1, static_decode=True, **settings)
+
+
 def test_an_async_boost_step_runs_only_the_young_sequences(tiny_model, tiny_tokenizer):
-    engine = make_engine(
-        tiny_model,
-        tiny_tokenizer,
-        boost_frames=3,
-        boost_min_running=1,
-        async_scheduling=True,
-        static_decode=True,
-    )
+    engine = _static_engine(tiny_model, tiny_tokenizer, boost_frames=3, async_scheduling=True)
     engine.add_request(_request(0, 40))
     for _ in range(8):
         engine.step()
@@ -175,13 +173,8 @@ def test_boost_steps_end_at_boost_frames_with_a_frame_in_flight(
 ):
     """A young stream's frame in flight counts (asynchronous scheduling): no boost step samples
     its audio frame boost_frames + 1, whichever steps (boost or full) it was admitted in."""
-    engine = make_engine(
-        tiny_model,
-        tiny_tokenizer,
-        boost_frames=4,
-        boost_min_running=1,
-        async_scheduling=async_scheduling,
-        static_decode=True,
+    engine = _static_engine(
+        tiny_model, tiny_tokenizer, boost_frames=4, async_scheduling=async_scheduling
     )
     engine.add_request(_request(0, 60))
     for _ in range(12):
