@@ -111,8 +111,8 @@ def serve(
         bool | None,
         _setting(
             "async_scheduling",
-            "GPU: launch each engine step before the previous one's frames reach the host "
-            "(a faster engine and lower RTF; alone, later first audio near the server's "
+            "Mainly for GPUs: launch each engine step before the previous one's frames reach "
+            "the host (a faster engine and lower RTF; alone, later first audio near the server's "
             "capacity; with --boost-frames, the most real-time streams).",
         ),
     ] = None,
