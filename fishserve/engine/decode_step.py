@@ -34,7 +34,7 @@ from fishserve.engine.host_copy import copy_to_device_, to_device
 from fishserve.engine.kv_cache import PagedKVCache
 from fishserve.engine.persistent_batch import PersistentBatch
 from fishserve.engine.sampling import REPETITION_WINDOW
-from fishserve.engine.sequence import Sequence
+from fishserve.engine.sequence import Sequence, frame_counts, seq_values
 from fishserve.models.dual_ar import DualARTransformer
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ def build_row_inputs(
         ``(inputs, samplers)``: DecodeInputs of R = sum(n) rows, and the S samplers in order.
     """
     if rows is not None and items and rows.block_tables.shape[1] == max_blocks:
-        slots = _int_field(list(map(itemgetter(0), items)), "slot")
+        slots = seq_values(list(map(itemgetter(0), items)), "slot")
         if slots.min() >= 0:
             return gather_row_inputs(items, slots, block_size, rows)
     return build_row_inputs_per_sequence(items, block_size, max_blocks)
@@ -230,12 +230,6 @@ def _decode_inputs(
     )
 
 
-def _int_field(seqs: list[Sequence], name: str) -> np.ndarray:
-    """int64 (len(seqs),) of an int attribute of each sequence (one C-level loop)."""
-    get = attrgetter(name)
-    return np.fromiter(map(get, seqs), np.int64, len(seqs))
-
-
 def gather_row_inputs(
     items: list[tuple[Sequence, int]], slots: np.ndarray, block_size: int, rows: PersistentBatch
 ) -> tuple[DecodeInputs, list[Sequence]]:
@@ -246,9 +240,9 @@ def gather_row_inputs(
     """
     seqs = list(map(itemgetter(0), items))
     counts = np.fromiter(map(itemgetter(1), items), np.int64, len(items))
-    computed = _int_field(seqs, "num_computed")
-    num_frames = np.fromiter(map(len, map(attrgetter("frames"), seqs)), np.int64, len(seqs))
-    inflight = _int_field(seqs, "inflight")
+    computed = seq_values(seqs, "num_computed")
+    num_frames = frame_counts(seqs)
+    inflight = seq_values(seqs, "inflight")
     samples = computed + counts == rows.prompt_lens[slots] + num_frames + inflight
     tables = rows.block_tables[slots]
     if counts.max() == 1 and samples.all():  # a pure decode step: every row samples, in order

@@ -12,7 +12,6 @@ import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from operator import attrgetter
 
 import numpy as np
 import torch
@@ -39,7 +38,7 @@ from fishserve.engine.runner import (
 )
 from fishserve.engine.sampling import REPETITION_WINDOW, SamplingParams
 from fishserve.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
-from fishserve.engine.sequence import Sequence, Status
+from fishserve.engine.sequence import Sequence, Status, frame_counts, seq_values
 from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.prompt import Reference
 from fishserve.models.tokenizer import FishTokenizer
@@ -603,10 +602,6 @@ class LLMEngine:
         self._on_frames(seqs, frames, events)
         return events
 
-    def _on_frame(self, seq: Sequence, row: np.ndarray, events: list[EngineEvent]) -> None:
-        """Record `seq`'s sampled frame (1 + nc,) and append its events (`_on_frames`)."""
-        self._on_frames([seq], row[None], events)
-
     def _on_frames(
         self, seqs: list[Sequence], frames: np.ndarray, events: list[EngineEvent]
     ) -> None:
@@ -621,7 +616,7 @@ class LLMEngine:
             return
         frames = np.asarray(frames, dtype=np.int64)
         n = len(seqs)
-        index = np.fromiter(map(len, map(attrgetter("frames"), seqs)), np.int64, n)
+        index = frame_counts(seqs)
         self._enter_windows(seqs, frames, index)
         for seq, row in zip(seqs, frames, strict=True):  # row views: no copy per frame
             seq.frames.append(row)
@@ -629,8 +624,8 @@ class LLMEngine:
         audio = index >= 1  # the first frame of a segment is not audio (spec §6.2)
         stop = audio & (frames[:, 0] == self.tokenizer.im_end_id)
         if stop.any():
-            stop &= ~np.fromiter(map(attrgetter("ignore_eos"), seqs), bool, n)
-        budgets = np.fromiter(map(attrgetter("budget"), seqs), np.int64, n)
+            stop &= ~seq_values(seqs, "ignore_eos", bool)
+        budgets = seq_values(seqs, "budget")
         made = _frame_events(seqs, frames, audio)
         start = 0
         for i in np.flatnonzero(stop | (index + 1 >= budgets)).tolist():
@@ -654,7 +649,7 @@ class LLMEngine:
         """
         decode = index >= 1
         column = (index - 1) % REPETITION_WINDOW
-        slots = np.fromiter(map(attrgetter("slot"), seqs), np.int64, len(seqs))
+        slots = seq_values(seqs, "slot")
         held = decode & (slots >= 0)
         rows = self.scheduler.rows
         if rows is None:

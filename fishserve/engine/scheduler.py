@@ -28,7 +28,7 @@ import numpy as np
 
 from fishserve.engine.block_manager import BlockManager
 from fishserve.engine.persistent_batch import PersistentBatch
-from fishserve.engine.sequence import Sequence, Status, pending_positions
+from fishserve.engine.sequence import Sequence, Status, pending_positions, seq_values
 
 
 @dataclass(frozen=True)
@@ -163,10 +163,10 @@ class Scheduler:
         if rows is None or not running:
             return None
         statuses = list(map(attrgetter("status"), running))
-        slots = np.fromiter(map(attrgetter("slot"), running), np.int64, len(running))
+        slots = seq_values(running, "slot")
         if statuses.count(Status.RUNNING) != len(running) or slots.min() < 0:
             return None
-        computed = np.fromiter(map(attrgetter("num_computed"), running), np.int64, len(running))
+        computed = seq_values(running, "num_computed")
         pending = pending_positions(running, rows.prompt_lens[slots], computed)
         counts = np.clip(budget - (np.cumsum(pending) - pending), 0, pending)
         size = self.blocks.block_size

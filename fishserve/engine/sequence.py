@@ -158,16 +158,25 @@ class Sequence:
         self.frames.append(row)
 
 
+def seq_values(seqs: list[Sequence], name: str, dtype: type = np.int64) -> np.ndarray:
+    """(len(seqs),) array of `dtype` (default int64) of attribute `name` of each sequence,
+    read in one C-level pass (no Python loop per sequence)."""
+    return np.fromiter(map(attrgetter(name), seqs), dtype, len(seqs))
+
+
+def frame_counts(seqs: list[Sequence]) -> np.ndarray:
+    """int64 (len(seqs),) `len(seq.frames)` of each sequence (frames read, not in flight)."""
+    return np.fromiter(map(len, map(attrgetter("frames"), seqs)), np.int64, len(seqs))
+
+
 def pending_positions(
     seqs: list[Sequence], prompt_lens: np.ndarray, computed: np.ndarray
 ) -> np.ndarray:
     """`Sequence.num_pending` of each of `seqs`, int64 (len(seqs),), given their prompt
     lengths and `num_computed`, int64 (len(seqs),) each (one C-level pass per attribute
     read, the rest vectorised)."""
-    n = len(seqs)
-    frames = np.fromiter(map(len, map(attrgetter("frames"), seqs)), np.int64, n)
-    inflight = np.fromiter(map(attrgetter("inflight"), seqs), np.int64, n)
-    budget = np.fromiter(map(attrgetter("budget"), seqs), np.int64, n)
+    frames, inflight = frame_counts(seqs), seq_values(seqs, "inflight")
+    budget = seq_values(seqs, "budget")
     pending = prompt_lens + frames + inflight - computed
     pending[(inflight > 0) & (frames + inflight >= budget)] = 0  # the segment's last frame
     return pending
