@@ -1,4 +1,5 @@
-"""`fishserve bench`, `eval`, `bench-engine` and `bench-decoder`."""
+"""`fishserve bench`, `eval`, `bench-engine`, `bench-engine-load`, `bench-sampler` and
+`bench-decoder`."""
 
 from __future__ import annotations
 
@@ -303,6 +304,64 @@ def bench_engine(
         top_k_prefilter,
         profile_steps,
     )
+
+
+@app.command(name="bench-engine-load")
+@user_errors
+def bench_engine_load(
+    checkpoint: Annotated[
+        Path | None, typer.Option(help="Checkpoint folder; default: full-size random weights.")
+    ] = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    streams: Annotated[str, typer.Option(help="Comma list: streams kept in flight.")] = "64,256",
+    modes: Annotated[
+        str, typer.Option(help="Comma list: sync, async (asynchronous scheduling).")
+    ] = "async",
+    frames: Annotated[int, typer.Option(min=2, help="Audio frames per stream.")] = 216,
+    context: Annotated[int, typer.Option(min=1, help="Prompt positions per stream.")] = 40,
+    duration: Annotated[float, typer.Option(min=0.01, help="Measured seconds per point.")] = 10.0,
+    warmup: Annotated[float, typer.Option(min=0, help="Seconds run before measuring.")] = 2.0,
+    ramp: Annotated[int, typer.Option(min=1, help="New streams per step at the start.")] = 8,
+    boost_frames: Annotated[
+        int, typer.Option(min=0, help="Boost steps for streams below this many frames (0: off).")
+    ] = 64,
+    kv_cache_dtype: Annotated[str, typer.Option(help="KV dtype (auto: the weights').")] = "auto",
+    output: Annotated[Path | None, typer.Option(help="JSON results (+ .md table).")] = None,
+    dummy_logits: Annotated[
+        str, typer.Option(help="Random weights only: flat or peaked slow logits.")
+    ] = "peaked",
+) -> None:
+    """The engine alone under a steady load: N streams in flight, started and replaced as they
+    finish; steps/s, frames/s, real-time margin, time to first frame and first chunk."""
+    from fishserve.bench.engine_load import LOAD_MODES, LoadSettings, run_engine_load
+    from fishserve.bench.options import parse_names, parse_sizes
+    from fishserve.engine.kv_cache import KV_CACHE_DTYPES
+    from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
+
+    check_json_output(output)
+    counts = parse_sizes(streams, "--streams")
+    mode_names = parse_names(modes, LOAD_MODES, "--modes")
+    parse_names(kv_cache_dtype, KV_CACHE_DTYPES, "--kv-cache-dtype")
+    settings = LoadSettings(
+        frames=frames,
+        context=context,
+        duration=duration,
+        warmup=warmup,
+        ramp=ramp,
+        boost_frames=boost_frames,
+        kv_cache_dtype=kv_cache_dtype,
+    )
+    settings.check()
+    dev = resolve_device(device)
+    model, tokenizer = load_text2semantic(
+        checkpoint,
+        device=dev,
+        dtype=resolve_dtype(dtype, dev),
+        load_format="auto" if checkpoint else "dummy",
+        dummy_logits=dummy_logits if checkpoint is None else "flat",
+    )
+    run_engine_load(model, tokenizer, counts, list(mode_names), settings, output, err_console)
 
 
 @app.command(name="bench-sampler")

@@ -1,0 +1,346 @@
+"""`fishserve bench-engine-load`: the engine alone under a steady load of streams.
+
+`bench-engine` times a fixed batch that decodes in lockstep. A server's engine instead runs a
+batch that streams keep joining and leaving: prompts are prefilled between decode steps,
+young streams get boost steps (`EngineConfig.boost_frames`), finished ones free their rows.
+This benchmark reproduces that without HTTP and without the audio decoder: for each number
+N of streams, N requests of `frames` frames each (fixed length, ignore_eos; a short prompt)
+are kept in flight, started `ramp` per step at first and replaced as each finishes; after a
+warm-up, `duration` seconds are measured. Reported per point: engine steps/s, frames/s,
+frames per step, the share of boost steps, the real-time margin (frames/s over the N
+streams' real-time need, N x 21.53 frames/s: above 1 the engine keeps N streams ahead of
+real time, before the decoder's share of the GPU) and the time from submission to a
+stream's first audio frame and to its first `first_chunk` audio frames (p50/p99 over the
+streams started in the window).
+
+It separates the engine's capacity from the server's: the same load through `fishserve
+bench` adds the decoder (its GPU time, its thread's GIL share) and the HTTP process.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+
+from fishserve.bench import tables
+from fishserve.bench.engine_speed import FRAMES_PER_SECOND, fixed_request, prompt_text
+from fishserve.engine.engine import EngineConfig, EngineEvent, LLMEngine
+from fishserve.models.dual_ar import DualARTransformer
+from fishserve.models.tokenizer import FishTokenizer
+from fishserve.progress import progress_bar
+
+LOAD_MODES = ("sync", "async")
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """What each point runs.
+
+    Attributes:
+        frames: audio frames per stream (fixed with ignore_eos; 216 = ~10 s of audio).
+        context: prompt positions per stream (a short text).
+        duration: measured seconds per point.
+        warmup: seconds run before the measurement, once every stream has started.
+        ramp: new streams added per step until N are in flight (then one per finished one).
+        first_chunk: audio frames of a stream's first chunk (its time to first chunk).
+        boost_frames: `EngineConfig.boost_frames` (0: no boost steps).
+        kv_cache_dtype: the engine's KV dtype ("auto": the weights' dtype).
+        max_num_batched_tokens: positions per step at most (`EngineConfig`).
+        top_k_prefilter: the slow-token sampler's prefilter (`EngineConfig`).
+    """
+
+    frames: int = 216
+    context: int = 40
+    duration: float = 10.0
+    warmup: float = 2.0
+    ramp: int = 8
+    first_chunk: int = 10
+    boost_frames: int = 64
+    kv_cache_dtype: str = "auto"
+    max_num_batched_tokens: int = 4096
+    top_k_prefilter: int = 1024
+
+    def check(self) -> None:
+        """Raises ValueError naming the first bad setting."""
+        if self.frames < 2 or self.context < 1:
+            raise ValueError(
+                f"frames must be >= 2 and context >= 1, got {self.frames}, {self.context}"
+            )
+        if self.duration <= 0 or self.warmup < 0:
+            raise ValueError(
+                f"duration must be > 0 and warmup >= 0 seconds, got {self.duration}, {self.warmup}"
+            )
+        if self.ramp < 1 or self.first_chunk < 1 or self.boost_frames < 0:
+            raise ValueError("ramp and first_chunk must be >= 1, boost_frames >= 0")
+
+
+@dataclass
+class LoadPoint:
+    """One measured point (times in seconds).
+
+    Attributes:
+        streams, mode: streams in flight and "sync" or "async" scheduling.
+        seconds: measured wall seconds.
+        steps_per_s, frames_per_s: engine steps and frames (all rows that sampled) per second.
+        frames_per_step: frames per step; boost_share: share of boost steps.
+        realtime_margin: frames_per_s / (streams x 21.53): > 1 keeps every stream ahead of
+            real time on average.
+        streams_started, streams_finished: in the measured window.
+        first_frame_p50, first_frame_p99: submission to first audio frame, streams started in
+            the window that got one (NaN without any).
+        first_chunk_p50, first_chunk_p99: the same to `first_chunk` audio frames.
+    """
+
+    streams: int
+    mode: str
+    seconds: float
+    steps_per_s: float
+    frames_per_s: float
+    frames_per_step: float
+    boost_share: float
+    realtime_margin: float
+    streams_started: int
+    streams_finished: int
+    first_frame_p50: float
+    first_frame_p99: float
+    first_chunk_p50: float
+    first_chunk_p99: float
+
+
+@dataclass
+class _Tracker:
+    """Submission times and audio frames of the streams in flight."""
+
+    first_chunk: int
+    submitted: dict[str, float] = field(default_factory=dict)
+    audio: dict[str, int] = field(default_factory=dict)
+    first_frame: list[float] = field(default_factory=list)
+    first_chunk_s: list[float] = field(default_factory=list)
+    finished: int = 0
+    recording: bool = False
+
+    def add(self, request_id: str) -> None:
+        self.submitted[request_id] = time.perf_counter()
+        self.audio[request_id] = 0
+
+    def on_events(self, events: list[EngineEvent]) -> None:
+        now = time.perf_counter()
+        for ev in events:
+            rid = ev.request_id
+            if ev.codes is not None and rid in self.audio:
+                n = self.audio[rid] = self.audio[rid] + 1
+                if self.recording and n in (1, self.first_chunk):
+                    waited = now - self.submitted[rid]
+                    (self.first_frame if n == 1 else self.first_chunk_s).append(waited)
+                    if n == 1 and self.first_chunk == 1:
+                        self.first_chunk_s.append(waited)
+            if ev.finished and self.submitted.pop(rid, None) is not None:
+                del self.audio[rid]
+                self.finished += int(self.recording)
+
+
+def _percentiles(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return float("nan"), float("nan")
+    p50, p99 = np.percentile(values, [50, 99])
+    return float(p50), float(p99)
+
+
+class _Load:
+    """N streams kept in flight on one engine."""
+
+    def __init__(self, engine: LLMEngine, streams: int, text: str, s: LoadSettings) -> None:
+        self.engine, self.streams, self.text, self.settings = engine, streams, text, s
+        self.tracker = _Tracker(s.first_chunk)
+        self.count = 0
+
+    def top_up(self, at_most: int) -> int:
+        """Submit up to `at_most` new streams while fewer than N are in flight; how many."""
+        added = 0
+        while added < at_most and len(self.tracker.submitted) < self.streams:
+            rid = f"load{self.count}"
+            self.engine.add_request(fixed_request(self.text, self.count, self.settings.frames, rid))
+            self.tracker.add(rid)
+            self.count += 1
+            added += 1
+        return added
+
+    def step(self, new: int) -> None:
+        self.top_up(new)
+        self.tracker.on_events(self.engine.step())
+
+    def run_until(self, deadline: float, new: int) -> None:
+        while time.perf_counter() < deadline:
+            self.step(new)
+
+
+def run_load_point(engine: LLMEngine, streams: int, text: str, s: LoadSettings) -> LoadPoint:
+    """Keep `streams` streams in flight (see the module docstring); leaves the engine empty.
+
+    Raises:
+        ValueError: streams < 1 or a bad setting.
+    """
+    if streams < 1:
+        raise ValueError(f"streams must be >= 1, got {streams}")
+    s.check()
+    load = _Load(engine, streams, text, s)
+    while load.count < streams:  # ramp: `ramp` new streams per step
+        load.step(s.ramp)
+    load.run_until(time.perf_counter() + s.warmup, streams)
+    load.tracker.recording = True
+    steps, frames, boosts = engine.steps, engine.frames_generated, engine.boost_steps
+    started, t0 = load.count, time.perf_counter()
+    load.run_until(t0 + s.duration, streams)
+    seconds = time.perf_counter() - t0
+    steps, frames = engine.steps - steps, engine.frames_generated - frames
+    boosts = engine.boost_steps - boosts
+    for rid in list(engine.sequences):
+        engine.abort(rid)
+    return _point(load, streams, engine, seconds, steps, frames, boosts, load.count - started)
+
+
+def _point(
+    load: _Load,
+    streams: int,
+    engine: LLMEngine,
+    seconds: float,
+    steps: int,
+    frames: int,
+    boosts: int,
+    started: int,
+) -> LoadPoint:
+    fps = frames / seconds
+    ff, fc = _percentiles(load.tracker.first_frame), _percentiles(load.tracker.first_chunk_s)
+    return LoadPoint(
+        streams=streams,
+        mode="async" if engine.config.async_scheduling else "sync",
+        seconds=seconds,
+        steps_per_s=steps / seconds,
+        frames_per_s=fps,
+        frames_per_step=frames / max(steps, 1),
+        boost_share=boosts / max(steps, 1),
+        realtime_margin=fps / (streams * FRAMES_PER_SECOND),
+        streams_started=started,
+        streams_finished=load.tracker.finished,
+        first_frame_p50=ff[0],
+        first_frame_p99=ff[1],
+        first_chunk_p50=fc[0],
+        first_chunk_p99=fc[1],
+    )
+
+
+def load_engine(
+    model: DualARTransformer,
+    tokenizer: FishTokenizer,
+    mode: str,
+    max_streams: int,
+    s: LoadSettings,
+) -> LLMEngine:
+    """An engine for up to `max_streams` streams of `s.context + s.frames` positions each
+    (CUDA graphs on a GPU, the static step on a CPU).
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    if mode not in LOAD_MODES:
+        raise ValueError(f"unknown mode {mode!r}; use one of {', '.join(LOAD_MODES)}")
+    block = 16
+    per_seq = -(-(s.context + s.frames + 64) // block)
+    config = EngineConfig(
+        kv_cache_dtype=s.kv_cache_dtype,
+        block_size=block,
+        max_num_seqs=max_streams,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        num_kv_blocks=per_seq * max_streams + 8,
+        decoder_workspace_bytes=0,
+        top_k_prefilter=s.top_k_prefilter,
+        async_scheduling=mode == "async",
+        boost_frames=s.boost_frames,
+    )
+    return LLMEngine(model, tokenizer, config)
+
+
+def run_engine_load(
+    model: DualARTransformer,
+    tokenizer: FishTokenizer,
+    streams: list[int],
+    modes: list[str],
+    settings: LoadSettings,
+    output: Path | None,
+    console: Console,
+) -> list[LoadPoint]:
+    """Every mode at every number of streams (one engine per mode); prints a table and, with
+    `output`, writes it as JSON (+ .md).
+
+    Raises:
+        ValueError: a bad setting, mode or number of streams, or streams longer than the
+            model's context (they would end early: fewer frames than asked).
+    """
+    settings.check()
+    if not streams or min(streams) < 1:
+        raise ValueError(f"streams must be >= 1, got {streams}")
+    if settings.context + settings.frames + 8 > model.config.max_seq_len:
+        raise ValueError(
+            f"--context {settings.context} + --frames {settings.frames} (+8) positions exceed "
+            f"the model's context of {model.config.max_seq_len}: lower them"
+        )
+    points: list[LoadPoint] = []
+    text = prompt_text(tokenizer, settings.context)
+    with progress_bar(console=console) as progress:
+        task = progress.add_task("engine under load", total=len(modes) * len(streams))
+        for mode in modes:
+            engine = load_engine(model, tokenizer, mode, max(streams), settings)
+            for n in streams:
+                points.append(run_load_point(engine, n, text, settings))
+                progress.advance(task)
+            del engine
+    markdown = render_points(points, console)
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        payload = {
+            "settings": asdict(settings),
+            "device": device,
+            "points": [asdict(p) for p in points],
+        }
+        output.write_text(json.dumps(payload, indent=2))
+        output.with_suffix(".md").write_text(markdown + "\n")
+    return points
+
+
+def render_points(points: list[LoadPoint], console: Console) -> str:
+    """Print a rich table of the points and return it as markdown."""
+    head = [
+        "streams",
+        "mode",
+        "steps/s",
+        "frames/s",
+        "frames/step",
+        "boost share",
+        "RT margin",
+        "first frame p50/p99 s",
+        "first chunk p50/p99 s",
+        "finished",
+    ]
+    rows = [
+        [
+            str(p.streams),
+            p.mode,
+            f"{p.steps_per_s:.1f}",
+            f"{p.frames_per_s:,.0f}",
+            f"{p.frames_per_step:.0f}",
+            f"{p.boost_share:.2f}",
+            f"{p.realtime_margin:.2f}",
+            f"{p.first_frame_p50:.3f} / {p.first_frame_p99:.3f}",
+            f"{p.first_chunk_p50:.3f} / {p.first_chunk_p99:.3f}",
+            str(p.streams_finished),
+        ]
+        for p in points
+    ]
+    return tables.render_table(head, rows, console)

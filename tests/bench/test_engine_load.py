@@ -1,0 +1,144 @@
+"""`fishserve bench-engine-load`: the engine alone with N streams kept in flight."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from fishserve.bench.engine_load import (
+    FRAMES_PER_SECOND,
+    LoadSettings,
+    _Tracker,
+    load_engine,
+    run_load_point,
+)
+from fishserve.bench.engine_speed import prompt_text
+from fishserve.cli import app
+from fishserve.engine.engine import EngineEvent
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+TINY = ["bench-engine-load", "--checkpoint", str(FIXTURES / "tiny_t2s"), "--device", "cpu"]
+QUICK = LoadSettings(frames=10, context=20, duration=0.4, warmup=0.1, ramp=2, first_chunk=3)
+
+
+def test_cli_reports_every_mode_and_stream_count(tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    args = [
+        *TINY,
+        "--streams",
+        "2,5",
+        "--modes",
+        "sync,async",
+        "--frames",
+        "16",
+        "--duration",
+        "0.5",
+        "--warmup",
+        "0.1",
+        "--output",
+        str(out),
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    payload = json.loads(out.read_text())
+    points = payload["points"]
+    assert [(p["streams"], p["mode"]) for p in points] == [
+        (2, "sync"),
+        (5, "sync"),
+        (2, "async"),
+        (5, "async"),
+    ]
+    for p in points:
+        assert p["steps_per_s"] > 0 and p["frames_per_s"] > 0
+        assert p["frames_per_step"] <= p["streams"]  # one frame per stream and step at most
+        want = p["frames_per_s"] / (p["streams"] * FRAMES_PER_SECOND)
+        assert p["realtime_margin"] == pytest.approx(want)
+        assert p["streams_finished"] > 0  # 16-frame streams finish within the window
+        assert p["first_frame_p50"] <= p["first_chunk_p50"]
+    assert payload["settings"]["frames"] == 16
+    assert "RT margin" in out.with_suffix(".md").read_text()
+
+
+def test_keeps_exactly_n_streams_in_flight(tiny_model, tiny_tokenizer) -> None:
+    """Never more than N at once, N reached, and replaced as they finish; the engine is left
+    empty."""
+    engine = load_engine(tiny_model, tiny_tokenizer, "sync", 6, QUICK)
+    seen: list[int] = []
+    step = engine.step
+
+    def counting_step():
+        seen.append(len(engine.sequences))
+        return step()
+
+    engine.step = counting_step
+    point = run_load_point(engine, 6, prompt_text(tiny_tokenizer, QUICK.context), QUICK)
+    assert max(seen) == 6
+    assert seen[:3] == [2, 4, 6]  # the ramp: 2 new streams per step
+    assert point.streams_started >= point.streams_finished > 0
+    assert not engine.sequences
+
+
+def test_frames_match_the_engines_count(tiny_model, tiny_tokenizer) -> None:
+    engine = load_engine(tiny_model, tiny_tokenizer, "async", 4, QUICK)
+    text = prompt_text(tiny_tokenizer, QUICK.context)
+    before = engine.frames_generated
+    point = run_load_point(engine, 4, text, QUICK)
+    measured = point.frames_per_s * point.seconds
+    assert 0 < round(measured) <= engine.frames_generated - before
+    assert point.frames_per_step == pytest.approx(measured / (point.steps_per_s * point.seconds))
+
+
+def test_tracker_times_first_frame_and_chunk_only_while_recording() -> None:
+    codes = np.zeros(4, dtype=np.int64)
+    tracker = _Tracker(first_chunk=2)
+    tracker.add("a")
+    tracker.on_events([EngineEvent("a", codes)])  # before the window: not recorded
+    tracker.recording = True
+    tracker.add("b")
+    tracker.on_events([EngineEvent("b", codes), EngineEvent("a", codes)])
+    tracker.on_events([EngineEvent("b", codes)])
+    assert len(tracker.first_frame) == 1 and len(tracker.first_chunk_s) == 2
+    tracker.on_events([EngineEvent("b", None, finished=True)])
+    tracker.on_events([EngineEvent("stale", None, finished=True)])  # an earlier point's
+    assert tracker.finished == 1 and "b" not in tracker.submitted
+
+
+def test_no_streams_started_in_window_gives_nan() -> None:
+    from fishserve.bench.engine_load import _percentiles
+
+    assert all(math.isnan(v) for v in _percentiles([]))
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (LoadSettings(duration=0), "duration"),
+        (LoadSettings(frames=1), "frames"),
+        (LoadSettings(ramp=0), "ramp"),
+    ],
+)
+def test_bad_settings_are_refused(settings: LoadSettings, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        settings.check()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--modes", "eager"], "--modes"),
+        (["--streams", "0"], "--streams"),
+        (["--kv-cache-dtype", "int4"], "--kv-cache-dtype"),
+        (["--frames", "240"], "the model's context of 256"),
+        (["--output", "x.wav"], "use one of .json"),
+    ],
+)
+def test_bad_values_give_one_line_and_exit_2(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, [*TINY, *args])
+    assert result.exit_code == 2, result.output
+    assert "error:" in result.output and message in result.output
+    assert "Traceback" not in result.output
