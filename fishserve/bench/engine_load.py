@@ -30,6 +30,7 @@ from rich.console import Console
 
 from fishserve.bench import tables
 from fishserve.bench.engine_speed import FRAMES_PER_SECOND, fixed_request, prompt_text
+from fishserve.bench.host_probe import host_probe_ms
 from fishserve.engine.engine import EngineConfig, EngineEvent, LLMEngine
 from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.tokenizer import FishTokenizer
@@ -307,6 +308,7 @@ def run_engine_load(
         payload = {
             "settings": asdict(settings),
             "device": device,
+            "host_probe_ms": host_probe_ms(),
             "points": [asdict(p) for p in points],
         }
         output.write_text(json.dumps(payload, indent=2))

@@ -122,6 +122,14 @@ def markdown_table(levels: list[LevelSummary], level_name: str) -> str:
     return "\n".join([header, rule, *(level_row(s) for s in levels)])
 
 
+def _host_line(meta: dict[str, Any]) -> list[str]:
+    """The load generator's machine's host probe (`fishserve.bench.host_probe`), if recorded."""
+    probe = meta.get("host_probe_ms")
+    if probe is None:
+        return []
+    return [f"- host probe: {probe:.1f} ms (this machine's CPU; higher is slower)"]
+
+
 def markdown_report(report: BenchReport) -> str:
     """`bench.md`: what ran, the table, and the definitions."""
     meta = report.meta
@@ -132,6 +140,7 @@ def markdown_report(report: BenchReport) -> str:
         f"- mode: {meta['mode']}; workload: {meta['workload']} ({meta['workload_size']} texts)",
         f"- request: {meta['request']}",
         f"- server: {meta.get('server_summary') or 'no /v1/health'}",
+        *_host_line(meta),
         "",
         markdown_table(report.levels, meta["level_name"]),
         "",

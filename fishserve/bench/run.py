@@ -30,6 +30,7 @@ from rich.progress import (
 
 import fishserve
 from fishserve.bench.client import RequestRecord, Target, open_clients
+from fishserve.bench.host_probe import host_probe_ms
 from fishserve.bench.load import DoneFn
 from fishserve.bench.memory import MemoryMonitor, MemorySource, read_health
 from fishserve.bench.plots import PLOT_NAMES, remove_stale, write_plots
@@ -237,6 +238,7 @@ def run_meta(opts: BenchOptions, health: dict[str, Any] | None) -> dict[str, Any
         "warmup": opts.warmup,
         "duration_s": opts.duration_s,
         "frame_rate": opts.frame_rate,
+        "host_probe_ms": host_probe_ms(),  # this machine's CPU speed (higher: slower)
         "server": health,
         "server_summary": server_summary(health),
     }

@@ -55,6 +55,8 @@ def check_outputs(out: Path, levels: int) -> dict:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out / "bench.md").read_text()
     assert table.count("\n| ") == levels + 1  # header + one row per level
+    assert data["meta"]["host_probe_ms"] > 0
+    assert f"host probe: {data['meta']['host_probe_ms']:.1f} ms" in table
     return data
 
 

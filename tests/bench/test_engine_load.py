@@ -60,7 +60,7 @@ def test_cli_reports_every_mode_and_stream_count(tmp_path: Path) -> None:
         assert p["realtime_margin"] == pytest.approx(want)
         assert p["streams_finished"] > 0  # 16-frame streams finish within the window
         assert p["first_frame_p50"] <= p["first_chunk_p50"]
-    assert payload["settings"]["frames"] == 16
+    assert payload["settings"]["frames"] == 16 and payload["host_probe_ms"] > 0
     assert "RT margin" in out.with_suffix(".md").read_text()
 
 
