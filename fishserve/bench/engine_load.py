@@ -11,7 +11,10 @@ frames per step, the share of boost steps, the real-time margin (frames/s over t
 streams' real-time need, N x 21.53 frames/s: above 1 the engine keeps N streams ahead of
 real time, before the decoder's share of the GPU) and the time from submission to a
 stream's first audio frame and to its first `first_chunk` audio frames (p50/p99 over the
-streams started in the window).
+streams submitted in the measured window that got there before it ended; NaN when none did:
+a longer `duration` helps). Boost steps run only while at least `boost_min_running` other
+streams are past their boost, so a point with fewer streams has none. The machine's host
+probe (`fishserve.bench.host_probe`) is measured before the run and reported with it.
 
 It separates the engine's capacity from the server's: the same load through `fishserve
 bench` adds the decoder (its GPU time, its thread's GIL share) and the HTTP process.
@@ -20,6 +23,7 @@ bench` adds the decoder (its GPU time, its thread's GIL share) and the HTTP proc
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,6 +55,7 @@ class LoadSettings:
         ramp: new streams added per step until N are in flight (then one per finished one).
         first_chunk: audio frames of a stream's first chunk (its time to first chunk).
         boost_frames: `EngineConfig.boost_frames` (0: no boost steps).
+        boost_min_running: `EngineConfig.boost_min_running`.
         kv_cache_dtype: the engine's KV dtype ("auto": the weights' dtype).
         max_num_batched_tokens: positions per step at most (`EngineConfig`).
         top_k_prefilter: the slow-token sampler's prefilter (`EngineConfig`).
@@ -63,6 +68,7 @@ class LoadSettings:
     ramp: int = 8
     first_chunk: int = 10
     boost_frames: int = 64
+    boost_min_running: int = 64
     kv_cache_dtype: str = "auto"
     max_num_batched_tokens: int = 4096
     top_k_prefilter: int = 1024
@@ -77,8 +83,14 @@ class LoadSettings:
             raise ValueError(
                 f"duration must be > 0 and warmup >= 0 seconds, got {self.duration}, {self.warmup}"
             )
-        if self.ramp < 1 or self.first_chunk < 1 or self.boost_frames < 0:
-            raise ValueError("ramp and first_chunk must be >= 1, boost_frames >= 0")
+        if (
+            self.ramp < 1
+            or self.first_chunk < 1
+            or min(self.boost_frames, self.boost_min_running) < 0
+        ):
+            raise ValueError(
+                "ramp and first_chunk must be >= 1, boost_frames and boost_min_running >= 0"
+            )
 
 
 @dataclass
@@ -93,8 +105,8 @@ class LoadPoint:
         realtime_margin: frames_per_s / (streams x 21.53): > 1 keeps every stream ahead of
             real time on average.
         streams_started, streams_finished: in the measured window.
-        first_frame_p50, first_frame_p99: submission to first audio frame, streams started in
-            the window that got one (NaN without any).
+        first_frame_p50, first_frame_p99: submission to first audio frame, over the streams
+            submitted in the window that got one before it ended (NaN without any).
         first_chunk_p50, first_chunk_p99: the same to `first_chunk` audio frames.
     """
 
@@ -116,7 +128,8 @@ class LoadPoint:
 
 @dataclass
 class _Tracker:
-    """Submission times and audio frames of the streams in flight."""
+    """Submission times and audio frames of the streams in flight; from `start_window` on,
+    the first-frame and first-chunk times of the streams submitted since, and finishes."""
 
     first_chunk: int
     submitted: dict[str, float] = field(default_factory=dict)
@@ -124,7 +137,10 @@ class _Tracker:
     first_frame: list[float] = field(default_factory=list)
     first_chunk_s: list[float] = field(default_factory=list)
     finished: int = 0
-    recording: bool = False
+    window_start: float = math.inf
+
+    def start_window(self) -> None:
+        self.window_start = time.perf_counter()
 
     def add(self, request_id: str) -> None:
         self.submitted[request_id] = time.perf_counter()
@@ -136,14 +152,15 @@ class _Tracker:
             rid = ev.request_id
             if ev.codes is not None and rid in self.audio:
                 n = self.audio[rid] = self.audio[rid] + 1
-                if self.recording and n in (1, self.first_chunk):
+                if n in (1, self.first_chunk) and self.submitted[rid] >= self.window_start:
                     waited = now - self.submitted[rid]
-                    (self.first_frame if n == 1 else self.first_chunk_s).append(waited)
-                    if n == 1 and self.first_chunk == 1:
+                    if n == 1:
+                        self.first_frame.append(waited)
+                    if n == self.first_chunk:
                         self.first_chunk_s.append(waited)
             if ev.finished and self.submitted.pop(rid, None) is not None:
                 del self.audio[rid]
-                self.finished += int(self.recording)
+                self.finished += int(now >= self.window_start)
 
 
 def _percentiles(values: list[float]) -> tuple[float, float]:
@@ -194,7 +211,7 @@ def run_load_point(engine: LLMEngine, streams: int, text: str, s: LoadSettings) 
     while load.count < streams:  # ramp: `ramp` new streams per step
         load.step(s.ramp)
     load.run_until(time.perf_counter() + s.warmup, streams)
-    load.tracker.recording = True
+    load.tracker.start_window()
     steps, frames, boosts = engine.steps, engine.frames_generated, engine.boost_steps
     started, t0 = load.count, time.perf_counter()
     load.run_until(t0 + s.duration, streams)
@@ -263,6 +280,7 @@ def load_engine(
         top_k_prefilter=s.top_k_prefilter,
         async_scheduling=mode == "async",
         boost_frames=s.boost_frames,
+        boost_min_running=s.boost_min_running,
     )
     return LLMEngine(model, tokenizer, config)
 
@@ -293,6 +311,7 @@ def run_engine_load(
         )
     points: list[LoadPoint] = []
     text = prompt_text(tokenizer, settings.context)
+    probe = host_probe_ms()  # before the run: the engine's threads would slow it
     with progress_bar(console=console) as progress:
         task = progress.add_task("engine under load", total=len(modes) * len(streams))
         for mode in modes:
@@ -301,19 +320,32 @@ def run_engine_load(
                 points.append(run_load_point(engine, n, text, settings))
                 progress.advance(task)
             del engine
-    markdown = render_points(points, console)
+    markdown = "\n".join([render_points(points, console), "", *notes(points, probe)])
+    console.print("\n".join(notes(points, probe)), highlight=False, markup=False)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         payload = {
             "settings": asdict(settings),
             "device": device,
-            "host_probe_ms": host_probe_ms(),
+            "host_probe_ms": probe,
             "points": [asdict(p) for p in points],
         }
         output.write_text(json.dumps(payload, indent=2))
         output.with_suffix(".md").write_text(markdown + "\n")
     return points
+
+
+def notes(points: list[LoadPoint], probe_ms: float) -> list[str]:
+    """Lines under the table: the host probe, and the points without a first-chunk time."""
+    lines = [f"host probe: {probe_ms:.1f} ms (this machine's CPU; higher is slower)"]
+    empty = [f"{p.streams} {p.mode}" for p in points if math.isnan(p.first_chunk_p50)]
+    if empty:
+        lines.append(
+            f"no stream submitted in the window reached its first chunk at {', '.join(empty)}: "
+            "raise --duration (or the engine is too slow for this load)"
+        )
+    return lines
 
 
 def render_points(points: list[LoadPoint], console: Console) -> str:

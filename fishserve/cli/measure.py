@@ -326,6 +326,15 @@ def bench_engine_load(
     boost_frames: Annotated[
         int, typer.Option(min=0, help="Boost steps for streams below this many frames (0: off).")
     ] = 64,
+    boost_min_running: Annotated[
+        int,
+        typer.Option(
+            min=0, help="Boost steps only while this many other streams are past their boost."
+        ),
+    ] = 64,
+    first_chunk: Annotated[
+        int, typer.Option(min=1, help="Audio frames of a first chunk (its time is reported).")
+    ] = 10,
     kv_cache_dtype: Annotated[str, typer.Option(help="KV dtype (auto: the weights').")] = "auto",
     output: Annotated[Path | None, typer.Option(help="JSON results (+ .md table).")] = None,
     dummy_logits: Annotated[
@@ -333,7 +342,8 @@ def bench_engine_load(
     ] = "peaked",
 ) -> None:
     """The engine alone under a steady load: N streams in flight, started and replaced as they
-    finish; steps/s, frames/s, real-time margin, time to first frame and first chunk."""
+    finish; steps/s, frames/s, real-time margin, time to first frame and first chunk (of the
+    streams submitted in the measured window)."""
     from fishserve.bench.engine_load import LOAD_MODES, LoadSettings, run_engine_load
     from fishserve.bench.options import parse_names, parse_sizes
     from fishserve.engine.kv_cache import KV_CACHE_DTYPES
@@ -350,6 +360,8 @@ def bench_engine_load(
         warmup=warmup,
         ramp=ramp,
         boost_frames=boost_frames,
+        boost_min_running=boost_min_running,
+        first_chunk=first_chunk,
         kv_cache_dtype=kv_cache_dtype,
     )
     settings.check()
