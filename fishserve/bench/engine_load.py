@@ -7,13 +7,15 @@ This benchmark reproduces that without HTTP and without the audio decoder: for e
 N of streams, N requests of `frames` frames each (fixed length, ignore_eos; a short prompt)
 are kept in flight, started `ramp` per step at first and replaced as each finishes; after a
 warm-up, `duration` seconds are measured. Reported per point: engine steps/s, frames/s,
-frames per step, the share of boost steps, the real-time margin (frames/s over the N
+frames per step, the share of boost steps, the real-time margin (audio frames/s over the N
 streams' real-time need, N x 21.53 frames/s: above 1 the engine keeps N streams ahead of
-real time, before the decoder's share of the GPU) and the time from submission to a
-stream's first audio frame and to its first `first_chunk` audio frames (p50/p99 over the
-streams submitted in the measured window that got there before it ended; NaN when none did:
-a longer `duration` helps). Boost steps run only while at least `boost_min_running` other
-streams are past their boost, so a point with fewer streams has none. The machine's host
+real time, before the decoder's share of the GPU; a stream of `frames` frames has
+`frames - 1` audio frames, spec §6.2) and the time from submission to a stream's first audio
+frame and to its first `first_chunk` audio frames (p50/p99 over the streams submitted in the
+measured window; after it the same load runs on, new streams untimed, until those streams
+have their first chunks, for up to max(duration, 5 s)). Boost steps run only while at least
+`boost_min_running` other streams are past their boost, so a point with fewer streams has
+none. The machine's host
 probe (`fishserve.bench.host_probe`) is measured before the run and reported with it.
 
 It separates the engine's capacity from the server's: the same load through `fishserve
@@ -36,6 +38,7 @@ from fishserve.bench import tables
 from fishserve.bench.engine_speed import FRAMES_PER_SECOND, fixed_request, prompt_text
 from fishserve.bench.host_probe import host_probe_ms
 from fishserve.engine.engine import EngineConfig, EngineEvent, LLMEngine
+from fishserve.engine.long_text import plan_long_text
 from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.tokenizer import FishTokenizer
 from fishserve.progress import progress_bar
@@ -79,6 +82,10 @@ class LoadSettings:
             raise ValueError(
                 f"frames must be >= 2 and context >= 1, got {self.frames}, {self.context}"
             )
+        if not (math.isfinite(self.duration) and math.isfinite(self.warmup)):
+            raise ValueError(
+                f"duration and warmup must be finite, got {self.duration}, {self.warmup}"
+            )
         if self.duration <= 0 or self.warmup < 0:
             raise ValueError(
                 f"duration must be > 0 and warmup >= 0 seconds, got {self.duration}, {self.warmup}"
@@ -91,6 +98,11 @@ class LoadSettings:
             raise ValueError(
                 "ramp and first_chunk must be >= 1, boost_frames and boost_min_running >= 0"
             )
+        if self.first_chunk > self.frames - 1:
+            raise ValueError(
+                f"first_chunk {self.first_chunk} exceeds a stream's {self.frames - 1} audio "
+                f"frames (frames {self.frames}: the first is not audio)"
+            )
 
 
 @dataclass
@@ -100,14 +112,20 @@ class LoadPoint:
     Attributes:
         streams, mode: streams in flight and "sync" or "async" scheduling.
         seconds: measured wall seconds.
-        steps_per_s, frames_per_s: engine steps and frames (all rows that sampled) per second.
+        steps_per_s, frames_per_s: engine steps and frames (all rows that sampled, the
+            prompts' first frames included) per second.
+        audio_frames_per_s: audio frames per second (the streams' frames but each
+            segment's first).
         frames_per_step: frames per step; boost_share: share of boost steps.
-        realtime_margin: frames_per_s / (streams x 21.53): > 1 keeps every stream ahead of
-            real time on average.
+        realtime_margin: audio_frames_per_s / (streams x 21.53): > 1 keeps every stream
+            ahead of real time on average.
         streams_started, streams_finished: in the measured window.
         first_frame_p50, first_frame_p99: submission to first audio frame, over the streams
-            submitted in the window that got one before it ended (NaN without any).
-        first_chunk_p50, first_chunk_p99: the same to `first_chunk` audio frames.
+            submitted in the window (NaN without any).
+        first_chunk_p50, first_chunk_p99: the same to `first_chunk` audio frames; after the
+            window the load runs on (new streams not counted) until each of those streams
+            has its first chunk, for up to `max(duration, 5)` seconds.
+        first_chunk_missing: streams submitted in the window still without a first chunk then.
     """
 
     streams: int
@@ -115,6 +133,7 @@ class LoadPoint:
     seconds: float
     steps_per_s: float
     frames_per_s: float
+    audio_frames_per_s: float
     frames_per_step: float
     boost_share: float
     realtime_margin: float
@@ -124,43 +143,60 @@ class LoadPoint:
     first_frame_p99: float
     first_chunk_p50: float
     first_chunk_p99: float
+    first_chunk_missing: int
 
 
 @dataclass
 class _Tracker:
-    """Submission times and audio frames of the streams in flight; from `start_window` on,
-    the first-frame and first-chunk times of the streams submitted since, and finishes."""
+    """Submission times and audio frames of the streams in flight. Between `start_window`
+    and `end_window`: audio frames and finishes counted, and the streams submitted then
+    timed to their first frame and first chunk (also after `end_window`)."""
 
     first_chunk: int
     submitted: dict[str, float] = field(default_factory=dict)
     audio: dict[str, int] = field(default_factory=dict)
     first_frame: list[float] = field(default_factory=list)
     first_chunk_s: list[float] = field(default_factory=list)
+    awaiting: set[str] = field(default_factory=set)  # timed streams without a first chunk
+    audio_frames: int = 0
     finished: int = 0
     window_start: float = math.inf
+    window_end: float = math.inf
 
     def start_window(self) -> None:
         self.window_start = time.perf_counter()
 
+    def end_window(self) -> None:
+        self.window_end = time.perf_counter()
+
     def add(self, request_id: str) -> None:
-        self.submitted[request_id] = time.perf_counter()
+        now = time.perf_counter()
+        self.submitted[request_id] = now
         self.audio[request_id] = 0
+        if self.window_start <= now < self.window_end:
+            self.awaiting.add(request_id)
 
     def on_events(self, events: list[EngineEvent]) -> None:
         now = time.perf_counter()
+        in_window = self.window_start <= now < self.window_end
         for ev in events:
             rid = ev.request_id
             if ev.codes is not None and rid in self.audio:
                 n = self.audio[rid] = self.audio[rid] + 1
-                if n in (1, self.first_chunk) and self.submitted[rid] >= self.window_start:
-                    waited = now - self.submitted[rid]
-                    if n == 1:
-                        self.first_frame.append(waited)
-                    if n == self.first_chunk:
-                        self.first_chunk_s.append(waited)
+                self.audio_frames += int(in_window)
+                if n in (1, self.first_chunk) and rid in self.awaiting:
+                    self._timed(rid, n, now - self.submitted[rid])
             if ev.finished and self.submitted.pop(rid, None) is not None:
                 del self.audio[rid]
-                self.finished += int(now >= self.window_start)
+                self.awaiting.discard(rid)
+                self.finished += int(in_window)
+
+    def _timed(self, rid: str, n: int, waited: float) -> None:
+        if n == 1:
+            self.first_frame.append(waited)
+        if n == self.first_chunk:
+            self.first_chunk_s.append(waited)
+            self.awaiting.discard(rid)
 
 
 def _percentiles(values: list[float]) -> tuple[float, float]:
@@ -197,6 +233,11 @@ class _Load:
         while time.perf_counter() < deadline:
             self.step(new)
 
+    def drain(self, deadline: float) -> None:
+        """Run on under the same load until the timed streams have their first chunks."""
+        while self.tracker.awaiting and time.perf_counter() < deadline:
+            self.step(self.streams)
+
 
 def run_load_point(engine: LLMEngine, streams: int, text: str, s: LoadSettings) -> LoadPoint:
     """Keep `streams` streams in flight (see the module docstring); leaves the engine empty.
@@ -215,12 +256,14 @@ def run_load_point(engine: LLMEngine, streams: int, text: str, s: LoadSettings) 
     steps, frames, boosts = engine.steps, engine.frames_generated, engine.boost_steps
     started, t0 = load.count, time.perf_counter()
     load.run_until(t0 + s.duration, streams)
+    load.tracker.end_window()
     seconds = time.perf_counter() - t0
-    steps, frames = engine.steps - steps, engine.frames_generated - frames
-    boosts = engine.boost_steps - boosts
+    counts = (engine.steps - steps, engine.frames_generated - frames, engine.boost_steps - boosts)
+    started = load.count - started
+    load.drain(time.perf_counter() + max(s.duration, 5.0))
     for rid in list(engine.sequences):
         engine.abort(rid)
-    return _point(load, streams, engine, seconds, steps, frames, boosts, load.count - started)
+    return _point(load, streams, engine, seconds, counts, started)
 
 
 def _point(
@@ -228,29 +271,45 @@ def _point(
     streams: int,
     engine: LLMEngine,
     seconds: float,
-    steps: int,
-    frames: int,
-    boosts: int,
+    counts: tuple[int, int, int],
     started: int,
 ) -> LoadPoint:
-    fps = frames / seconds
-    ff, fc = _percentiles(load.tracker.first_frame), _percentiles(load.tracker.first_chunk_s)
+    """The point from the window's (steps, frames, boost steps) and the tracker."""
+    steps, frames, boosts = counts
+    tracker = load.tracker
+    audio_fps = tracker.audio_frames / seconds
+    ff, fc = _percentiles(tracker.first_frame), _percentiles(tracker.first_chunk_s)
     return LoadPoint(
         streams=streams,
         mode="async" if engine.config.async_scheduling else "sync",
         seconds=seconds,
         steps_per_s=steps / seconds,
-        frames_per_s=fps,
+        frames_per_s=frames / seconds,
+        audio_frames_per_s=audio_fps,
         frames_per_step=frames / max(steps, 1),
         boost_share=boosts / max(steps, 1),
-        realtime_margin=fps / (streams * FRAMES_PER_SECOND),
+        realtime_margin=audio_fps / (streams * FRAMES_PER_SECOND),
         streams_started=started,
-        streams_finished=load.tracker.finished,
+        streams_finished=tracker.finished,
         first_frame_p50=ff[0],
         first_frame_p99=ff[1],
         first_chunk_p50=fc[0],
         first_chunk_p99=fc[1],
+        first_chunk_missing=len(tracker.awaiting),
     )
+
+
+def prompt_positions(model: DualARTransformer, tokenizer: FishTokenizer, text: str) -> int:
+    """Positions of the prompt the engine builds for `text` (no references, one segment).
+
+    Raises:
+        ValueError: nothing to speak in `text` (a `--context` too small for any words).
+    """
+    try:
+        plan = plan_long_text(tokenizer, model.config.num_codebooks, text, [], 0)
+    except ValueError as exc:
+        raise ValueError(f"no prompt for --context: {exc}") from exc
+    return int(plan.next_prompt(0).shape[1])
 
 
 def load_engine(
@@ -259,17 +318,18 @@ def load_engine(
     mode: str,
     max_streams: int,
     s: LoadSettings,
+    prompt_len: int,
 ) -> LLMEngine:
-    """An engine for up to `max_streams` streams of `s.context + s.frames` positions each
-    (CUDA graphs on a GPU, the static step on a CPU).
+    """An engine for up to `max_streams` streams of `prompt_len + s.frames` positions each,
+    static-shape steps as in the server (CUDA graphs on a GPU).
 
     Raises:
-        ValueError: an unknown mode.
+        ValueError: an unknown mode, or a KV cache the device cannot hold (lower streams).
     """
     if mode not in LOAD_MODES:
         raise ValueError(f"unknown mode {mode!r}; use one of {', '.join(LOAD_MODES)}")
     block = 16
-    per_seq = -(-(s.context + s.frames + 64) // block)
+    per_seq = -(-(prompt_len + s.frames + 16) // block)
     config = EngineConfig(
         kv_cache_dtype=s.kv_cache_dtype,
         block_size=block,
@@ -279,10 +339,47 @@ def load_engine(
         decoder_workspace_bytes=0,
         top_k_prefilter=s.top_k_prefilter,
         async_scheduling=mode == "async",
+        static_decode=True,  # as the server's steps (on CUDA always; on a CPU, async needs it)
         boost_frames=s.boost_frames,
         boost_min_running=s.boost_min_running,
     )
-    return LLMEngine(model, tokenizer, config)
+    try:
+        return LLMEngine(model, tokenizer, config)
+    except (torch.cuda.OutOfMemoryError, MemoryError) as exc:
+        raise ValueError(
+            f"{max_streams} streams need {config.num_kv_blocks:,} KV blocks, more than the "
+            f"device holds ({str(exc).splitlines()[0][:120]}): lower --streams"
+        ) from exc
+    except RuntimeError as exc:  # the CPU allocator's failure is a plain RuntimeError
+        if "allocate" not in str(exc):
+            raise
+        raise ValueError(
+            f"{max_streams} streams need {config.num_kv_blocks:,} KV blocks, more than memory "
+            "holds: lower --streams"
+        ) from exc
+
+
+def check_request(
+    model: DualARTransformer, streams: list[int], modes: list[str], s: LoadSettings, prompt: int
+) -> None:
+    """Refuse a run that would not measure what it says.
+
+    Raises:
+        ValueError: a bad setting; no, repeated or non-positive stream counts or modes; or a
+            prompt of `prompt` positions plus `s.frames` that exceeds the model's context
+            (the streams would end early, with fewer frames than asked).
+    """
+    s.check()
+    if not streams or min(streams) < 1 or len(set(streams)) != len(streams):
+        raise ValueError(f"streams must be distinct numbers >= 1, got {streams}")
+    if not modes or len(set(modes)) != len(modes):
+        raise ValueError(f"modes must be distinct, got {modes}")
+    limit = model.config.max_seq_len
+    if prompt + s.frames > limit:
+        raise ValueError(
+            f"a prompt of {prompt} positions (--context {s.context}) + --frames {s.frames} "
+            f"exceeds the model's context of {limit}: lower them"
+        )
 
 
 def run_engine_load(
@@ -295,45 +392,45 @@ def run_engine_load(
     console: Console,
 ) -> list[LoadPoint]:
     """Every mode at every number of streams (one engine per mode); prints a table and, with
-    `output`, writes it as JSON (+ .md).
+    `output`, writes it as JSON (+ .md; NaN written as null).
 
     Raises:
-        ValueError: a bad setting, mode or number of streams, or streams longer than the
-            model's context (they would end early: fewer frames than asked).
+        ValueError: what `check_request` and `load_engine` raise.
     """
-    settings.check()
-    if not streams or min(streams) < 1:
-        raise ValueError(f"streams must be >= 1, got {streams}")
-    if settings.context + settings.frames + 8 > model.config.max_seq_len:
-        raise ValueError(
-            f"--context {settings.context} + --frames {settings.frames} (+8) positions exceed "
-            f"the model's context of {model.config.max_seq_len}: lower them"
-        )
-    points: list[LoadPoint] = []
     text = prompt_text(tokenizer, settings.context)
+    prompt = prompt_positions(model, tokenizer, text)
+    check_request(model, streams, modes, settings, prompt)
+    points: list[LoadPoint] = []
     probe = host_probe_ms()  # before the run: the engine's threads would slow it
     with progress_bar(console=console) as progress:
         task = progress.add_task("engine under load", total=len(modes) * len(streams))
         for mode in modes:
-            engine = load_engine(model, tokenizer, mode, max(streams), settings)
+            engine = load_engine(model, tokenizer, mode, max(streams), settings, prompt)
             for n in streams:
                 points.append(run_load_point(engine, n, text, settings))
                 progress.advance(task)
             del engine
-    markdown = "\n".join([render_points(points, console), "", *notes(points, probe)])
-    console.print("\n".join(notes(points, probe)), highlight=False, markup=False)
+    lines = notes(points, probe)
+    markdown = "\n".join([render_points(points, console), "", *lines])
+    console.print("\n".join(lines), highlight=False, markup=False)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         payload = {
             "settings": asdict(settings),
+            "prompt_positions": prompt,
             "device": device,
             "host_probe_ms": probe,
-            "points": [asdict(p) for p in points],
+            "points": [_json_ready(asdict(p)) for p in points],
         }
-        output.write_text(json.dumps(payload, indent=2))
+        output.write_text(json.dumps(payload, indent=2, allow_nan=False))
         output.with_suffix(".md").write_text(markdown + "\n")
     return points
+
+
+def _json_ready(row: dict) -> dict:
+    """NaN (no measurement) as None: strict JSON readers refuse NaN."""
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
 
 
 def notes(points: list[LoadPoint], probe_ms: float) -> list[str]:
@@ -342,8 +439,15 @@ def notes(points: list[LoadPoint], probe_ms: float) -> list[str]:
     empty = [f"{p.streams} {p.mode}" for p in points if math.isnan(p.first_chunk_p50)]
     if empty:
         lines.append(
-            f"no stream submitted in the window reached its first chunk at {', '.join(empty)}: "
-            "raise --duration (or the engine is too slow for this load)"
+            f"no stream was submitted in the window at {', '.join(empty)}: raise --duration"
+        )
+    late = [
+        f"{p.streams} {p.mode} ({p.first_chunk_missing})" for p in points if p.first_chunk_missing
+    ]
+    if late:
+        lines.append(
+            "streams still without a first chunk after the window and a drain as long "
+            f"(their times are missing from p99, which understates): {', '.join(late)}"
         )
     return lines
 

@@ -148,6 +148,7 @@ def bench_config(
         top_k_prefilter=top_k_prefilter,
         async_scheduling=mode == "async",
         compile_fast_transformer=mode != "graphs-opbyop",
+        static_decode=mode != "eager",  # on a CPU too: async needs the static step
     )
     engine = LLMEngine(model, tokenizer, config)
     text = prompt_text(tokenizer, context)

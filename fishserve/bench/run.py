@@ -238,7 +238,6 @@ def run_meta(opts: BenchOptions, health: dict[str, Any] | None) -> dict[str, Any
         "warmup": opts.warmup,
         "duration_s": opts.duration_s,
         "frame_rate": opts.frame_rate,
-        "host_probe_ms": host_probe_ms(),  # this machine's CPU speed (higher: slower)
         "server": health,
         "server_summary": server_summary(health),
     }
@@ -294,8 +293,10 @@ def run_bench(opts: BenchOptions, console: Console) -> BenchReport:
     if opts.processes < 1:
         raise ValueError(f"processes must be at least 1, got {opts.processes}")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per request
+    probe = host_probe_ms()  # this machine's CPU speed (higher: slower), before the load
     with make_progress(console) as progress:
         report = asyncio.run(bench(opts, progress))
+    report.meta["host_probe_ms"] = probe
     paths = write_report(report, opts.output_dir)
     try:
         paths += write_plots(report.levels, report.memory, opts.level_name, opts.output_dir)

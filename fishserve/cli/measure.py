@@ -318,7 +318,10 @@ def bench_engine_load(
     modes: Annotated[
         str, typer.Option(help="Comma list: sync, async (asynchronous scheduling).")
     ] = "async",
-    frames: Annotated[int, typer.Option(min=2, help="Audio frames per stream.")] = 216,
+    frames: Annotated[
+        int,
+        typer.Option(min=2, help="Frames per stream (as max_new_tokens: the first is not audio)."),
+    ] = 216,
     context: Annotated[int, typer.Option(min=1, help="Prompt positions per stream.")] = 40,
     duration: Annotated[float, typer.Option(min=0.01, help="Measured seconds per point.")] = 10.0,
     warmup: Annotated[float, typer.Option(min=0, help="Seconds run before measuring.")] = 2.0,

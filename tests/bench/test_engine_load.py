@@ -12,9 +12,12 @@ from typer.testing import CliRunner
 
 from fishserve.bench.engine_load import (
     FRAMES_PER_SECOND,
+    LoadPoint,
     LoadSettings,
     _Tracker,
     load_engine,
+    notes,
+    prompt_positions,
     run_load_point,
 )
 from fishserve.bench.engine_speed import prompt_text
@@ -24,6 +27,12 @@ from fishserve.engine.engine import EngineEvent
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TINY = ["bench-engine-load", "--checkpoint", str(FIXTURES / "tiny_t2s"), "--device", "cpu"]
 QUICK = LoadSettings(frames=10, context=20, duration=0.4, warmup=0.1, ramp=2, first_chunk=3)
+
+
+def quick_engine(model, tokenizer, mode: str, streams: int):
+    text = prompt_text(tokenizer, QUICK.context)
+    prompt = prompt_positions(model, tokenizer, text)
+    return load_engine(model, tokenizer, mode, streams, QUICK, prompt), text
 
 
 def test_cli_reports_every_mode_and_stream_count(tmp_path: Path) -> None:
@@ -58,11 +67,14 @@ def test_cli_reports_every_mode_and_stream_count(tmp_path: Path) -> None:
     for p in points:
         assert p["steps_per_s"] > 0 and p["frames_per_s"] > 0
         assert p["frames_per_step"] <= p["streams"]  # one frame per stream and step at most
-        want = p["frames_per_s"] / (p["streams"] * FRAMES_PER_SECOND)
+        want = p["audio_frames_per_s"] / (p["streams"] * FRAMES_PER_SECOND)
         assert p["realtime_margin"] == pytest.approx(want)
+        # each stream's first frame is not audio: fewer audio frames than frames
+        assert 0 < p["audio_frames_per_s"] < p["frames_per_s"]
         assert p["streams_finished"] > 0  # 16-frame streams finish within the window
         assert p["first_frame_p50"] <= p["first_chunk_p50"]
     assert payload["settings"]["frames"] == 16 and payload["host_probe_ms"] > 0
+    assert payload["prompt_positions"] > 0
     table = out.with_suffix(".md").read_text()
     assert "RT margin" in table and f"host probe: {payload['host_probe_ms']:.1f} ms" in table
 
@@ -70,7 +82,7 @@ def test_cli_reports_every_mode_and_stream_count(tmp_path: Path) -> None:
 def test_keeps_exactly_n_streams_in_flight(tiny_model, tiny_tokenizer) -> None:
     """Never more than N at once, N reached, and replaced as they finish; the engine is left
     empty."""
-    engine = load_engine(tiny_model, tiny_tokenizer, "sync", 6, QUICK)
+    engine, text = quick_engine(tiny_model, tiny_tokenizer, "sync", 6)
     seen: list[int] = []
     step = engine.step
 
@@ -79,7 +91,7 @@ def test_keeps_exactly_n_streams_in_flight(tiny_model, tiny_tokenizer) -> None:
         return step()
 
     engine.step = counting_step
-    point = run_load_point(engine, 6, prompt_text(tiny_tokenizer, QUICK.context), QUICK)
+    point = run_load_point(engine, 6, text, QUICK)
     assert max(seen) == 6
     assert seen[:3] == [2, 4, 6]  # the ramp: 2 new streams per step
     # every finished stream is replaced at the next step: within the window the two counts
@@ -89,8 +101,7 @@ def test_keeps_exactly_n_streams_in_flight(tiny_model, tiny_tokenizer) -> None:
 
 
 def test_frames_match_the_engines_count(tiny_model, tiny_tokenizer) -> None:
-    engine = load_engine(tiny_model, tiny_tokenizer, "async", 4, QUICK)
-    text = prompt_text(tiny_tokenizer, QUICK.context)
+    engine, text = quick_engine(tiny_model, tiny_tokenizer, "async", 4)
     before = engine.frames_generated
     point = run_load_point(engine, 4, text, QUICK)
     measured = point.frames_per_s * point.seconds
@@ -124,14 +135,14 @@ def test_a_first_chunk_of_one_frame_is_the_first_frame() -> None:
 
 
 def test_notes_name_points_without_a_first_chunk() -> None:
-    from fishserve.bench.engine_load import LoadPoint, notes
-
     nan = float("nan")
-    point = LoadPoint(3, "sync", 1.0, 1.0, 3.0, 3.0, 0.0, 0.05, 0, 0, nan, nan, nan, nan)
+    point = LoadPoint(3, "sync", 1.0, 1.0, 3.0, 2.0, 3.0, 0.0, 0.05, 0, 0, nan, nan, nan, nan, 0)
     lines = notes([point], 7.31)
     assert lines[0].startswith("host probe: 7.3 ms")
     assert "3 sync" in lines[1] and "--duration" in lines[1]
-    assert len(notes([LoadPoint(3, "sync", *[1.0] * 12)], 1.0)) == 1
+    assert len(notes([LoadPoint(3, "sync", *[1.0] * 13, 0)], 1.0)) == 1
+    late = notes([LoadPoint(3, "async", *[1.0] * 13, 2)], 1.0)
+    assert len(late) == 2 and "3 async (2)" in late[1]
 
 
 def test_no_streams_started_in_window_gives_nan() -> None:
@@ -147,6 +158,9 @@ def test_no_streams_started_in_window_gives_nan() -> None:
         (LoadSettings(frames=1), "frames"),
         (LoadSettings(ramp=0), "ramp"),
         (LoadSettings(boost_min_running=-1), "boost_min_running"),
+        (LoadSettings(duration=math.inf), "finite"),
+        (LoadSettings(warmup=math.inf), "finite"),
+        (LoadSettings(frames=10, first_chunk=10), "9 audio frames"),
     ],
 )
 def test_bad_settings_are_refused(settings: LoadSettings, message: str) -> None:
@@ -161,6 +175,11 @@ def test_bad_settings_are_refused(settings: LoadSettings, message: str) -> None:
         (["--streams", "0"], "--streams"),
         (["--kv-cache-dtype", "int4"], "--kv-cache-dtype"),
         (["--frames", "240"], "the model's context of 256"),
+        (["--context", "200", "--frames", "48"], "a prompt of"),  # longer than --context
+        (["--modes", "async,async"], "distinct"),
+        (["--streams", "4,4"], "distinct"),
+        (["--duration", "inf"], "finite"),
+        (["--frames", "8"], "first_chunk 10 exceeds"),
         (["--output", "x.wav"], "use one of .json"),
     ],
 )
@@ -169,3 +188,52 @@ def test_bad_values_give_one_line_and_exit_2(args: list[str], message: str) -> N
     assert result.exit_code == 2, result.output
     assert "error:" in result.output and message in result.output
     assert "Traceback" not in result.output
+
+
+def test_async_mode_overlaps_steps_on_the_cpu_too(tiny_model, tiny_tokenizer) -> None:
+    """The async point really launches steps ahead (the static step path), not sync steps
+    under an async label."""
+    engine, text = quick_engine(tiny_model, tiny_tokenizer, "async", 4)
+    launched = []
+    launch = engine.runner.launch
+    engine.runner.launch = lambda *a, **k: launched.append(1) or launch(*a, **k)
+    run_load_point(engine, 4, text, QUICK)
+    assert len(launched) > 10
+
+
+def test_timed_streams_get_their_first_chunk_after_the_window(tiny_model, tiny_tokenizer) -> None:
+    """Streams submitted late in the window are timed after it too: none is left out."""
+    engine, text = quick_engine(tiny_model, tiny_tokenizer, "sync", 4)
+    settings = LoadSettings(frames=10, context=20, duration=0.3, warmup=0.0, first_chunk=9)
+    point = run_load_point(engine, 4, text, settings)
+    assert point.first_chunk_missing == 0
+    assert point.streams_started > 0 and not math.isnan(point.first_chunk_p99)
+
+
+def test_a_kv_cache_too_large_for_memory_is_a_clear_error(
+    tiny_model, tiny_tokenizer, monkeypatch
+) -> None:
+    import fishserve.bench.engine_load as engine_load
+
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate")
+
+    monkeypatch.setattr(engine_load, "LLMEngine", no_memory)
+    with pytest.raises(ValueError, match="lower --streams"):
+        load_engine(tiny_model, tiny_tokenizer, "sync", 20_000, QUICK, 49)
+
+
+def test_json_has_no_nan(tmp_path: Path, monkeypatch) -> None:
+    """A point without a measurement is written as null (strict JSON readers refuse NaN)."""
+    import fishserve.bench.engine_load as engine_load
+
+    nan = float("nan")
+    point = LoadPoint(2, "sync", 1.0, 1.0, 3.0, 2.0, 3.0, 0.0, 0.05, 0, 0, nan, nan, nan, nan, 0)
+    monkeypatch.setattr(engine_load, "run_load_point", lambda *a: point)
+    monkeypatch.setattr(engine_load, "load_engine", lambda *a: None)
+    out = tmp_path / "load.json"
+    args = [*TINY, "--streams", "2", "--frames", "16", "--output", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    assert "NaN" not in text and json.loads(text)["points"][0]["first_chunk_p50"] is None

@@ -193,3 +193,19 @@ def test_pipelined_calls_decode_every_call_and_free_their_buffers(tiny_decoder) 
     decode_pipelined(runner, jobs, 5)
     assert runner.calls == 5 and runner.jobs_decoded == 10
     assert len(runner.decode_jobs(jobs)) == 2  # every call's buffers came back
+
+
+def test_bench_engine_async_mode_launches_ahead_on_the_cpu(
+    tiny_model, tiny_tokenizer, monkeypatch
+) -> None:
+    """`--modes async` on a CPU runs asynchronous (static) steps, not sync ones so labelled."""
+    from fishserve.bench.engine_speed import bench_config
+    from fishserve.engine.runner import ModelRunner
+
+    launched = []
+    launch = ModelRunner.launch
+    monkeypatch.setattr(
+        ModelRunner, "launch", lambda self, *a, **k: launched.append(1) or launch(self, *a, **k)
+    )
+    results = bench_config(tiny_model, tiny_tokenizer, "fp32", "async", [2], 20, 6)
+    assert results[0].frames_per_s > 0 and len(launched) >= 6
