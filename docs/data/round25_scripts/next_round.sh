@@ -8,7 +8,7 @@
 source .exp/gpu.sh >/dev/null; mkdir -p /tmp/b /tmp/old; LOG=$OUT/log.txt; T0=$SECONDS
 tar xzf .exp/old.tgz -C /tmp/old && ln -sfn $PWD/.exp /tmp/old/.exp
 python3 -c "from fishserve.bench.host_probe import host_probe_ms as p; print('probe ms', p())" | tee -a $LOG
-timeout 150 python3 -m fishserve bench-engine-load --streams 512,768,1024 --modes async \
+timeout 200 python3 -m fishserve bench-engine-load --streams 512,768,1024 --modes async \
   --duration 8 --output $OUT/load.json 2>&1 | tail -8 | tee -a $LOG
 F="--max-decode-batch 16 --early-chunk-margin 0.12 --engine-sms 56 --boost-frames 64 --async-scheduling --first-chunk-deadline 0.15"
 export PROCS=2 DUR=30 STOP_S=$((T0 + 540))
