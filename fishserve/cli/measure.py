@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -225,13 +225,40 @@ RANDOM_WEIGHTS_EVAL_NOTE = (
     "reference configuration, not speech quality."
 )
 
+if TYPE_CHECKING:  # imported lazily at run time: `fishserve --help` stays fast
+    from fishserve.models.dual_ar import DualARTransformer
+    from fishserve.models.tokenizer import FishTokenizer
+
+BenchCkptOpt = Annotated[
+    Path | None, typer.Option(help="Checkpoint folder; default: full-size random weights.")
+]
+
+
+def load_bench_model(
+    checkpoint: Path | None, device: str, dtype: str, dummy_logits: str
+) -> tuple[DualARTransformer, FishTokenizer]:
+    """The text-to-semantic model and tokenizer of a speed bench: the checkpoint's, or the
+    full-size architecture with random weights (`dummy_logits` "flat" or "peaked").
+
+    Raises:
+        ValueError, FileNotFoundError: what `load_text2semantic` raises.
+    """
+    from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
+
+    dev = resolve_device(device)
+    return load_text2semantic(
+        checkpoint,
+        device=dev,
+        dtype=resolve_dtype(dtype, dev),
+        load_format="auto" if checkpoint else "dummy",
+        dummy_logits=dummy_logits,
+    )
+
 
 @app.command(name="bench-engine")
 @user_errors
 def bench_engine(
-    checkpoint: Annotated[
-        Path | None, typer.Option(help="Checkpoint folder; default: full-size random weights.")
-    ] = None,
+    checkpoint: BenchCkptOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     kv_cache_dtypes: Annotated[
@@ -276,21 +303,13 @@ def bench_engine(
     from fishserve.bench.engine_speed import ENGINE_MODES, run_engine_bench
     from fishserve.bench.options import parse_names, parse_sizes
     from fishserve.engine.kv_cache import KV_CACHE_DTYPES
-    from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
 
     check_json_output(output)
 
     batches = parse_sizes(batch_sizes, "--batch-sizes")
     mode_names = parse_names(modes, ENGINE_MODES, "--modes")
     kv_names = parse_names(kv_cache_dtypes, KV_CACHE_DTYPES, "--kv-cache-dtypes")
-    dev = resolve_device(device)
-    model, tokenizer = load_text2semantic(
-        checkpoint,
-        device=dev,
-        dtype=resolve_dtype(dtype, dev),
-        load_format="auto" if checkpoint else "dummy",
-        dummy_logits=dummy_logits,
-    )
+    model, tokenizer = load_bench_model(checkpoint, device, dtype, dummy_logits)
     run_engine_bench(
         model,
         tokenizer,
@@ -309,9 +328,7 @@ def bench_engine(
 @app.command(name="bench-engine-load")
 @user_errors
 def bench_engine_load(
-    checkpoint: Annotated[
-        Path | None, typer.Option(help="Checkpoint folder; default: full-size random weights.")
-    ] = None,
+    checkpoint: BenchCkptOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     streams: Annotated[str, typer.Option(help="Comma list: streams kept in flight.")] = "64,256",
@@ -350,7 +367,6 @@ def bench_engine_load(
     from fishserve.bench.engine_load import LOAD_MODES, LoadSettings, run_engine_load
     from fishserve.bench.options import parse_names, parse_sizes
     from fishserve.engine.kv_cache import KV_CACHE_DTYPES
-    from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
 
     check_json_output(output)
     counts = parse_sizes(streams, "--streams")
@@ -368,14 +384,8 @@ def bench_engine_load(
         kv_cache_dtype=kv_cache_dtype,
     )
     settings.check()
-    dev = resolve_device(device)
-    model, tokenizer = load_text2semantic(
-        checkpoint,
-        device=dev,
-        dtype=resolve_dtype(dtype, dev),
-        load_format="auto" if checkpoint else "dummy",
-        dummy_logits=dummy_logits if checkpoint is None else "flat",
-    )
+    logits = dummy_logits if checkpoint is None else "flat"  # its default is for random weights
+    model, tokenizer = load_bench_model(checkpoint, device, dtype, logits)
     run_engine_load(model, tokenizer, counts, list(mode_names), settings, output, err_console)
 
 
