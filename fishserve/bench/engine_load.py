@@ -51,8 +51,10 @@ class LoadSettings:
     """What each point runs.
 
     Attributes:
-        frames: audio frames per stream (fixed with ignore_eos; 216 = ~10 s of audio).
-        context: prompt positions per stream (a short text).
+        frames: frames per stream (`max_new_tokens`, fixed with ignore_eos; the first is not
+            audio: 216 give 215 audio frames, ~10 s).
+        context: about how many prompt positions per stream (`prompt_text`; the prompt the
+            engine builds can be longer: `prompt_positions`).
         duration: measured seconds per point.
         warmup: seconds run before the measurement, once every stream has started.
         ramp: new streams added per step until N are in flight (then one per finished one).
