@@ -39,6 +39,9 @@ from fishserve.bench.engine_speed import FRAMES_PER_SECOND, fixed_request, promp
 from fishserve.bench.host_probe import host_probe_ms
 from fishserve.engine.engine import EngineConfig, EngineEvent, LLMEngine
 from fishserve.engine.long_text import plan_long_text
+from fishserve.engine.runner import ASYNC_STEP_STREAM_PRIORITY, STEP_STREAM_PRIORITY
+from fishserve.engine.sm_partition import make_disjoint_partitions
+from fishserve.engine.warmup import warm_up_general_path
 from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.tokenizer import FishTokenizer
 from fishserve.progress import progress_bar
@@ -64,6 +67,8 @@ class LoadSettings:
         kv_cache_dtype: the engine's KV dtype ("auto": the weights' dtype).
         max_num_batched_tokens: positions per step at most (`EngineConfig`).
         top_k_prefilter: the slow-token sampler's prefilter (`EngineConfig`).
+        engine_sms: run the steps on a partition of this many SMs (the server's setting
+            `engine_sms`; CUDA only); None: the whole device.
     """
 
     frames: int = 216
@@ -77,6 +82,7 @@ class LoadSettings:
     kv_cache_dtype: str = "auto"
     max_num_batched_tokens: int = 4096
     top_k_prefilter: int = 1024
+    engine_sms: int | None = None
 
     def check(self) -> None:
         """Raises ValueError naming the first bad setting."""
@@ -326,7 +332,8 @@ def load_engine(
     static-shape steps as in the server (CUDA graphs on a GPU).
 
     Raises:
-        ValueError: an unknown mode, or a KV cache the device cannot hold (lower streams).
+        ValueError: an unknown mode, a KV cache the device cannot hold (lower streams), or
+            an SM partition that cannot be made (`engine_sms`).
     """
     if mode not in LOAD_MODES:
         raise ValueError(f"unknown mode {mode!r}; use one of {', '.join(LOAD_MODES)}")
@@ -346,7 +353,7 @@ def load_engine(
         boost_min_running=s.boost_min_running,
     )
     try:
-        return LLMEngine(model, tokenizer, config)
+        engine = LLMEngine(model, tokenizer, config, _step_stream(model, mode, s.engine_sms))
     except (torch.cuda.OutOfMemoryError, MemoryError) as exc:
         raise ValueError(
             f"{max_streams} streams need {config.num_kv_blocks:,} KV blocks, more than the "
@@ -359,6 +366,26 @@ def load_engine(
             f"{max_streams} streams need {config.num_kv_blocks:,} KV blocks, more than memory "
             "holds: lower --streams"
         ) from exc
+    if engine.device.type == "cuda":  # as the server: no compilation inside a measurement
+        warm_up_general_path(engine)
+    return engine
+
+
+def _step_stream(
+    model: DualARTransformer, mode: str, engine_sms: int | None
+) -> torch.cuda.Stream | None:
+    """The stream of an SM partition of `engine_sms` SMs for the steps (None: none), as the
+    server makes it (`fishserve.server.runtime.sm_partitions`; one split per device and
+    process: a second mode reuses the first one's partition and stream priority).
+
+    Raises:
+        SMPartitionError (a ValueError): not a CUDA model, or the partition cannot be made.
+    """
+    if engine_sms is None:
+        return None
+    device = model.embeddings.weight.device
+    priority = ASYNC_STEP_STREAM_PRIORITY if mode == "async" else STEP_STREAM_PRIORITY
+    return make_disjoint_partitions(device, engine_sms, None, priority)[0].stream
 
 
 def check_request(

@@ -255,6 +255,22 @@ def load_bench_model(
     )
 
 
+def check_engine_sms(device: str) -> None:
+    """An engine SM partition needs a CUDA device and the `cuda-bindings` package.
+
+    Raises:
+        ValueError: either is missing.
+    """
+    from fishserve.engine.sm_partition import NO_CUDA_BINDINGS, cuda_bindings_installed
+    from fishserve.models.loading import resolve_device
+
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        raise ValueError(f"--engine-sms needs a CUDA device, but the device is {dev}")
+    if not cuda_bindings_installed():
+        raise ValueError(NO_CUDA_BINDINGS)
+
+
 @app.command(name="bench-engine")
 @user_errors
 def bench_engine(
@@ -355,6 +371,13 @@ def bench_engine_load(
     first_chunk: Annotated[
         int, typer.Option(min=1, help="Audio frames of a first chunk (its time is reported).")
     ] = 10,
+    engine_sms: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Run the steps on this many SMs, as `serve --engine-sms` (CUDA, cuda-bindings).",
+        ),
+    ] = None,
     kv_cache_dtype: Annotated[str, typer.Option(help="KV dtype (auto: the weights').")] = "auto",
     output: Annotated[Path | None, typer.Option(help="JSON results (+ .md table).")] = None,
     dummy_logits: Annotated[
@@ -382,8 +405,11 @@ def bench_engine_load(
         boost_min_running=boost_min_running,
         first_chunk=first_chunk,
         kv_cache_dtype=kv_cache_dtype,
+        engine_sms=engine_sms,
     )
     settings.check()
+    if engine_sms is not None:  # before the model loads
+        check_engine_sms(device)
     logits = dummy_logits if checkpoint is None else "flat"  # its default is for random weights
     model, tokenizer = load_bench_model(checkpoint, device, dtype, logits)
     run_engine_load(model, tokenizer, counts, list(mode_names), settings, output, err_console)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from fishserve.bench.engine_load import (
@@ -180,6 +181,7 @@ def test_bad_settings_are_refused(settings: LoadSettings, message: str) -> None:
         (["--streams", "4,4"], "distinct"),
         (["--duration", "inf"], "finite"),
         (["--frames", "8"], "first_chunk 10 exceeds"),
+        (["--engine-sms", "56"], "--engine-sms needs a CUDA device"),
         (["--output", "x.wav"], "use one of .json"),
     ],
 )
@@ -237,3 +239,24 @@ def test_json_has_no_nan(tmp_path: Path, monkeypatch) -> None:
     assert result.exit_code == 0, result.output
     text = out.read_text()
     assert "NaN" not in text and json.loads(text)["points"][0]["first_chunk_p50"] is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_engine_on_an_sm_partition(tiny_tokenizer) -> None:
+    """`engine_sms`: the steps run on the partition's stream, as the server's do."""
+    from conftest import load_tiny_model
+
+    from fishserve.engine.sm_partition import cuda_bindings_installed
+
+    if not cuda_bindings_installed():
+        pytest.skip("needs cuda-bindings")
+    model = load_tiny_model().to("cuda")
+    settings = LoadSettings(
+        frames=10, context=20, duration=0.3, warmup=0.1, first_chunk=3, engine_sms=16
+    )
+    text = prompt_text(tiny_tokenizer, settings.context)
+    prompt = prompt_positions(model, tiny_tokenizer, text)
+    engine = load_engine(model, tiny_tokenizer, "async", 4, settings, prompt)
+    assert engine.runner.stream is not None
+    point = run_load_point(engine, 4, text, settings)
+    assert point.frames_per_s > 0 and point.first_chunk_missing == 0
