@@ -16,7 +16,7 @@ measured window; after it the same load runs on, new streams untimed, until thos
 have their first chunks, for up to max(duration, 5 s)). Boost steps run only while at least
 `boost_min_running` other streams are past their boost, so a point with fewer streams has
 none. The machine's host
-probe (`fishserve.bench.host_probe`) is measured before the run and reported with it.
+probe (`fishserve.host_probe`) is measured before the run and reported with it.
 
 It separates the engine's capacity from the server's: the same load through `fishserve
 bench` adds the decoder (its GPU time, its thread's GIL share) and the HTTP process.
@@ -36,12 +36,12 @@ from rich.console import Console
 
 from fishserve.bench import tables
 from fishserve.bench.engine_speed import FRAMES_PER_SECOND, fixed_request, prompt_text
-from fishserve.bench.host_probe import host_probe_ms
 from fishserve.engine.engine import EngineConfig, EngineEvent, LLMEngine
 from fishserve.engine.long_text import plan_long_text
 from fishserve.engine.runner import ASYNC_STEP_STREAM_PRIORITY, STEP_STREAM_PRIORITY
 from fishserve.engine.sm_partition import make_disjoint_partitions
 from fishserve.engine.warmup import warm_up_general_path
+from fishserve.host_probe import host_probe_ms
 from fishserve.models.dual_ar import DualARTransformer
 from fishserve.models.tokenizer import FishTokenizer
 from fishserve.progress import progress_bar

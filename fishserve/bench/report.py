@@ -123,7 +123,7 @@ def markdown_table(levels: list[LevelSummary], level_name: str) -> str:
 
 
 def _host_line(meta: dict[str, Any]) -> list[str]:
-    """The load generator's machine's host probe (`fishserve.bench.host_probe`), if recorded."""
+    """The load generator's machine's host probe (`fishserve.host_probe`), if recorded."""
     probe = meta.get("host_probe_ms")
     if probe is None:
         return []

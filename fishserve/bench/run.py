@@ -30,7 +30,6 @@ from rich.progress import (
 
 import fishserve
 from fishserve.bench.client import RequestRecord, Target, open_clients
-from fishserve.bench.host_probe import host_probe_ms
 from fishserve.bench.load import DoneFn
 from fishserve.bench.memory import MemoryMonitor, MemorySource, read_health
 from fishserve.bench.plots import PLOT_NAMES, remove_stale, write_plots
@@ -39,6 +38,7 @@ from fishserve.bench.server_counters import rates, read_counters
 from fishserve.bench.shares import run_load, run_share, send_indexed, share_plan, share_pool
 from fishserve.bench.stats import LevelSummary, summarize
 from fishserve.bench.workload import RequestShape, WorkItem
+from fishserve.host_probe import host_probe_ms
 from fishserve.progress import progress_bar
 
 # 44100 Hz / 2048 samples per code frame (Firefly decoder of Fish Speech 1.5).
@@ -209,6 +209,8 @@ def server_summary(health: dict[str, Any] | None) -> str | None:
     ]
     if gpu and gpu.get("budget_bytes"):
         parts.append(f"budget={gpu['budget_bytes'] / 2**30:.2f} GiB")
+    if isinstance(health.get("host_probe_ms"), int | float):  # the server machine's host speed
+        parts.append(f"host_probe={health['host_probe_ms']:.1f} ms")
     return " ".join(parts)
 
 

@@ -185,6 +185,7 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
             "requests": None,
             "kv_cache": None,
             "gpu_memory": None,
+            "host_probe_ms": state.host_probe_ms,
         }, 200 if waits else 503
     now = runtime.status()
     stats, info = now.engine, runtime.info
@@ -222,6 +223,7 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
             "blocks_free": stats.blocks_free,
         },
         "gpu_memory": now.gpu_memory,
+        "host_probe_ms": state.host_probe_ms,
     }
     return report, 503 if status == "unhealthy" else 200
 

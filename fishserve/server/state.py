@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager, contextmanager
 
 from fishserve.engine.async_engine import queue_full
 from fishserve.errors import USER_ERRORS
+from fishserve.host_probe import host_probe_ms
 from fishserve.server.config import ServerConfig
 from fishserve.server.metrics import Metrics
 from fishserve.server.runtime import ServingRuntime
@@ -58,6 +59,9 @@ class ServerState:
         self.restarting = False  # a dead engine process is being replaced (`watch_engine`)
         self._replacing = False  # a replacement is still owed (its load failed)
         self._failed_at = -LOAD_RETRY_S  # monotonic time of the last failed load
+        # this machine's host speed, taken at start-up before any load (`/health`): the
+        # engine's host work per step, and so capacity, depend on it
+        self.host_probe_ms = host_probe_ms()
 
     @property
     def runtime(self) -> ServingRuntime | None:

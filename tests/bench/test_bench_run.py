@@ -57,6 +57,8 @@ def check_outputs(out: Path, levels: int) -> dict:
     assert table.count("\n| ") == levels + 1  # header + one row per level
     assert data["meta"]["host_probe_ms"] > 0
     assert f"host probe: {data['meta']['host_probe_ms']:.1f} ms" in table
+    server_probe = data["meta"]["server"]["host_probe_ms"]  # the server's, from /health
+    assert f"host_probe={server_probe:.1f} ms" in table
     return data
 
 

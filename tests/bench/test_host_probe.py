@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fishserve.bench.host_probe import host_probe_ms
+from fishserve.host_probe import host_probe_ms
 
 
 def test_probe_grows_with_the_work() -> None:

@@ -212,6 +212,7 @@ def test_health_and_metrics(server):
     assert set(health["requests"]) == {"running", "waiting"}
     assert {"dtype", "block_size", "blocks_total", "blocks_free"} <= set(health["kv_cache"])
     assert health["gpu_memory"] is None  # CPU
+    assert health["host_probe_ms"] > 0  # this machine's host speed, taken at start-up
     text = httpx.get(server.url + "/metrics").text
     for name in (
         "fishserve:num_requests_running",

@@ -7,7 +7,7 @@
 # level that passes on a normal lease, so a difference is not a collapse's spread.
 source .exp/gpu.sh >/dev/null; mkdir -p /tmp/b /tmp/old; LOG=$OUT/log.txt; T0=$SECONDS
 tar xzf .exp/old.tgz -C /tmp/old && ln -sfn $PWD/.exp /tmp/old/.exp
-python3 -c "from fishserve.bench.host_probe import host_probe_ms as p; print('probe ms', p())" | tee -a $LOG
+python3 -c "from fishserve.host_probe import host_probe_ms as p; print('probe ms', p())" | tee -a $LOG
 timeout 90 python3 -m pytest -p no:cacheprovider --junitxml=$OUT/t.xml -k sm_partition tests/bench/test_engine_load.py 2>&1 | tail -2 | tee -a $LOG
 timeout 200 python3 -m fishserve bench-engine-load --streams 512,768,1024 --modes async \
   --duration 8 --engine-sms 56 --output $OUT/load.json 2>&1 | tail -8 | tee -a $LOG
