@@ -2,9 +2,10 @@
 
 Under load the engine's process is host-bound in part (scheduling, step inputs, frame
 bookkeeping, the decoder thread's planning: Python and small NumPy operations, one core), so
-the same GPU served measurably fewer streams on leases whose CPUs were slower
-(docs/benchmarks.md §6.25). Reports record this probe so that runs on different machines
-can be told apart: a higher `host_probe_ms` means a slower host.
+capacity depends on the host as well as the GPU (docs/benchmarks.md §6.25: the same code
+served far fewer streams on other leases of the same GPU). The server's `/health` (taken at
+start-up), `fishserve bench` and `bench-engine-load` record this probe so that runs on
+different machines can be told apart: a higher `host_probe_ms` means a slower host.
 """
 
 from __future__ import annotations
