@@ -30,12 +30,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from rich.console import Console
 
 from fishserve.bench import tables
 from fishserve.bench.engine_speed import FRAMES_PER_SECOND, fixed_request, prompt_text
+from fishserve.bench.stats import percentiles
 from fishserve.engine.engine import EngineConfig, EngineEvent, LLMEngine
 from fishserve.engine.long_text import plan_long_text
 from fishserve.engine.runner import ASYNC_STEP_STREAM_PRIORITY, STEP_STREAM_PRIORITY
@@ -208,10 +208,9 @@ class _Tracker:
 
 
 def _percentiles(values: list[float]) -> tuple[float, float]:
-    if not values:
-        return float("nan"), float("nan")
-    p50, p99 = np.percentile(values, [50, 99])
-    return float(p50), float(p99)
+    """(p50, p99) of `values` (`fishserve.bench.stats.percentiles`), NaN for none."""
+    found = percentiles(values)
+    return tuple(math.nan if found[k] is None else found[k] for k in ("p50", "p99"))
 
 
 class _Load:
@@ -222,16 +221,15 @@ class _Load:
         self.tracker = _Tracker(s.first_chunk)
         self.count = 0
 
-    def top_up(self, at_most: int) -> int:
-        """Submit up to `at_most` new streams while fewer than N are in flight; how many."""
-        added = 0
-        while added < at_most and len(self.tracker.submitted) < self.streams:
+    def top_up(self, at_most: int) -> None:
+        """Submit up to `at_most` new streams while fewer than N are in flight."""
+        for _ in range(at_most):
+            if len(self.tracker.submitted) >= self.streams:
+                return
             rid = f"load{self.count}"
             self.engine.add_request(fixed_request(self.text, self.count, self.settings.frames, rid))
             self.tracker.add(rid)
             self.count += 1
-            added += 1
-        return added
 
     def step(self, new: int) -> None:
         self.top_up(new)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,16 +70,10 @@ class RowsLaunch:
 
 @dataclass
 class StepFrames:
-    """A step's sampled frames: row i of `frames` (int64 NumPy (S, 1 + nc)) is `seqs[i]`'s.
-
-    Iterating gives (sequence, frame (1 + nc,)) pairs.
-    """
+    """A step's sampled frames: row i of `frames` (int64 NumPy (S, 1 + nc)) is `seqs[i]`'s."""
 
     seqs: list[Sequence]
     frames: np.ndarray
-
-    def __iter__(self) -> Iterator[tuple[Sequence, np.ndarray]]:
-        return iter(zip(self.seqs, self.frames, strict=True))
 
 
 @dataclass
