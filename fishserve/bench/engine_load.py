@@ -16,7 +16,10 @@ measured window; after it the same load runs on, new streams untimed, until thos
 have their first chunks, for up to max(duration, 5 s)). Boost steps run only while at least
 `boost_min_running` other streams are past their boost, so a point with fewer streams has
 none. The machine's host
-probe (`fishserve.host_probe`) is measured before the run and reported with it.
+probe (`fishserve.host_probe`) and, on a GPU, the device probe (`fishserve.bench.device_probe`)
+are measured before the run and reported with it. With ``FISHSERVE_TORCH_PROFILER_DIR`` set,
+a window of the steps is profiled as in the server (`fishserve.engine.step_profiler`; the step
+count runs on across points); `fishserve profile-gaps` reads the trace.
 
 It separates the engine's capacity from the server's: the same load through `fishserve
 bench` adds the decoder (its GPU time, its thread's GIL share) and the HTTP process.
@@ -34,12 +37,14 @@ import torch
 from rich.console import Console
 
 from fishserve.bench import tables
+from fishserve.bench.device_probe import describe, device_probe
 from fishserve.bench.engine_speed import FRAMES_PER_SECOND, fixed_request, prompt_text
 from fishserve.bench.stats import percentiles
 from fishserve.engine.engine import EngineConfig, EngineEvent, LLMEngine
 from fishserve.engine.long_text import plan_long_text
 from fishserve.engine.runner import ASYNC_STEP_STREAM_PRIORITY, STEP_STREAM_PRIORITY
 from fishserve.engine.sm_partition import make_disjoint_partitions
+from fishserve.engine.step_profiler import StepProfiler
 from fishserve.engine.warmup import warm_up_general_path
 from fishserve.host_probe import host_probe_ms
 from fishserve.models.dual_ar import DualARTransformer
@@ -216,8 +221,16 @@ def _percentiles(values: list[float]) -> tuple[float, float]:
 class _Load:
     """N streams kept in flight on one engine."""
 
-    def __init__(self, engine: LLMEngine, streams: int, text: str, s: LoadSettings) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        streams: int,
+        text: str,
+        s: LoadSettings,
+        profiler: StepProfiler | None = None,
+    ) -> None:
         self.engine, self.streams, self.text, self.settings = engine, streams, text, s
+        self.profiler = profiler
         self.tracker = _Tracker(s.first_chunk)
         self.count = 0
 
@@ -233,7 +246,12 @@ class _Load:
 
     def step(self, new: int) -> None:
         self.top_up(new)
-        self.tracker.on_events(self.engine.step())
+        if self.profiler is not None:
+            self.profiler.before_step()
+        events = self.engine.step()
+        if self.profiler is not None:
+            self.profiler.after_step()
+        self.tracker.on_events(events)
 
     def run_until(self, deadline: float, new: int) -> None:
         while time.perf_counter() < deadline:
@@ -245,8 +263,17 @@ class _Load:
             self.step(self.streams)
 
 
-def run_load_point(engine: LLMEngine, streams: int, text: str, s: LoadSettings) -> LoadPoint:
+def run_load_point(
+    engine: LLMEngine,
+    streams: int,
+    text: str,
+    s: LoadSettings,
+    profiler: StepProfiler | None = None,
+) -> LoadPoint:
     """Keep `streams` streams in flight (see the module docstring); leaves the engine empty.
+
+    `profiler`: records a window of the steps (`StepProfiler`; its step count runs on across
+    points).
 
     Raises:
         ValueError: streams < 1 or a bad setting.
@@ -254,7 +281,7 @@ def run_load_point(engine: LLMEngine, streams: int, text: str, s: LoadSettings) 
     if streams < 1:
         raise ValueError(f"streams must be >= 1, got {streams}")
     s.check()
-    load = _Load(engine, streams, text, s)
+    load = _Load(engine, streams, text, s, profiler)
     while load.count < streams:  # ramp: `ramp` new streams per step
         load.step(s.ramp)
     load.run_until(time.perf_counter() + s.warmup, streams)
@@ -429,15 +456,19 @@ def run_engine_load(
     check_request(model, streams, modes, settings, prompt)
     points: list[LoadPoint] = []
     probe = host_probe_ms()  # before the run: the engine's threads would slow it
+    device = model.embeddings.weight.device
+    gpu = device_probe(device) if device.type == "cuda" else None
+    profiler = StepProfiler.from_env()  # FISHSERVE_TORCH_PROFILER_DIR: a window of steps
     with progress_bar(console=console) as progress:
         task = progress.add_task("engine under load", total=len(modes) * len(streams))
         for mode in modes:
             engine = load_engine(model, tokenizer, mode, max(streams), settings, prompt)
             for n in streams:
-                points.append(run_load_point(engine, n, text, settings))
+                points.append(run_load_point(engine, n, text, settings, profiler))
                 progress.advance(task)
             del engine
-    lines = notes(points, probe)
+    profiler.close()
+    lines = notes(points, probe) + ([describe(gpu)] if gpu is not None else [])
     markdown = "\n".join([render_points(points, console), "", *lines])
     console.print("\n".join(lines), highlight=False, markup=False)
     if output is not None:
@@ -448,6 +479,7 @@ def run_engine_load(
             "prompt_positions": prompt,
             "device": device,
             "host_probe_ms": probe,
+            "device_probe": gpu,
             "points": [_json_ready(asdict(p)) for p in points],
         }
         output.write_text(json.dumps(payload, indent=2, allow_nan=False))

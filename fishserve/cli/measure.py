@@ -1,5 +1,5 @@
-"""`fishserve bench`, `eval`, `bench-engine`, `bench-engine-load`, `bench-sampler` and
-`bench-decoder`."""
+"""`fishserve bench`, `eval`, `bench-engine`, `bench-engine-load`, `bench-sampler`,
+`bench-decoder`, `probe` and `profile-gaps`."""
 
 from __future__ import annotations
 
@@ -390,6 +390,7 @@ def bench_engine_load(
     from fishserve.bench.engine_load import LOAD_MODES, LoadSettings, run_engine_load
     from fishserve.bench.options import parse_names, parse_sizes
     from fishserve.engine.kv_cache import KV_CACHE_DTYPES
+    from fishserve.engine.step_profiler import StepProfiler
 
     check_json_output(output)
     counts = parse_sizes(streams, "--streams")
@@ -410,9 +411,40 @@ def bench_engine_load(
     settings.check()
     if engine_sms is not None:  # before the model loads
         check_engine_sms(device)
+    StepProfiler.from_env()  # bad profiler variables fail here, before the model loads
     logits = dummy_logits if checkpoint is None else "flat"  # its default is for random weights
     model, tokenizer = load_bench_model(checkpoint, device, dtype, logits)
     run_engine_load(model, tokenizer, counts, list(mode_names), settings, output, err_console)
+
+
+@app.command(name="probe")
+@user_errors
+def probe(device: DeviceOpt = "auto") -> None:
+    """How fast this machine is: the host probe (a fixed Python and NumPy workload, ms, higher
+    is slower) and, on a GPU, the device probe (us per graph kernel, bf16 TFLOP/s, clocks).
+    Run it beside a benchmark to tell machines apart."""
+    from fishserve.bench.device_probe import describe, device_probe
+    from fishserve.host_probe import host_probe_ms
+    from fishserve.models.loading import resolve_device
+
+    dev = resolve_device(device)
+    print(f"host probe: {host_probe_ms():.1f} ms (higher is slower)")
+    if dev.type == "cuda":
+        print(describe(device_probe(dev)))
+
+
+@app.command(name="profile-gaps")
+@user_errors
+def profile_gaps(
+    trace: Annotated[Path, typer.Argument(help="Chrome trace (JSON) of torch.profiler.")],
+    top: Annotated[int, typer.Option(min=1, help="Longest gaps to list.")] = 15,
+) -> None:
+    """Where the GPU sat idle in a step profile: busy share per CUDA stream, the busiest
+    stream's gaps by length, each host-bound (its work launched only after the stream went
+    idle) or queued."""
+    from fishserve.bench.trace_gaps import analyse, render
+
+    print(render(analyse(trace), top))
 
 
 @app.command(name="bench-sampler")

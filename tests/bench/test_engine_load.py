@@ -260,3 +260,21 @@ def test_gpu_engine_on_an_sm_partition(tiny_tokenizer) -> None:
     assert engine.runner.stream is not None
     point = run_load_point(engine, 4, text, settings)
     assert point.frames_per_s > 0 and point.first_chunk_missing == 0
+
+
+def test_profiler_records_a_window_of_the_loads_steps(tiny_model, tiny_tokenizer, tmp_path) -> None:
+    """`FISHSERVE_TORCH_PROFILER_DIR`'s profiler sees the benchmark's steps, as the server's."""
+    from fishserve.engine.step_profiler import StepProfiler
+
+    engine, text = quick_engine(tiny_model, tiny_tokenizer, "sync", 3)
+    profiler = StepProfiler(tmp_path, start_step=2, num_steps=3)
+    run_load_point(engine, 3, text, QUICK, profiler)
+    assert [p.suffix for p in profiler.written] == [".json", ".txt"]
+    assert "engine steps 2..4" in (tmp_path / profiler.written[1].name).read_text()
+
+
+def test_cli_refuses_bad_profiler_variables_before_loading(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("FISHSERVE_TORCH_PROFILER_DIR", str(tmp_path))
+    monkeypatch.setenv("FISHSERVE_PROFILE_STEPS", "0")
+    result = CliRunner().invoke(app, [*TINY, "--streams", "2"])
+    assert result.exit_code == 2 and "FISHSERVE_PROFILE_STEPS" in result.output
