@@ -139,6 +139,8 @@ class LoadPoint:
             window the load runs on (new streams not counted) until each of those streams
             has its first chunk, for up to `max(duration, 5)` seconds.
         first_chunk_missing: streams submitted in the window still without a first chunk then.
+        full_sort_share: the window's slow-token draws that the top-k prefilter left to the
+            exact full sort, per frame (`EngineStats.full_sort_rows`).
     """
 
     streams: int
@@ -157,6 +159,7 @@ class LoadPoint:
     first_chunk_p50: float
     first_chunk_p99: float
     first_chunk_missing: int
+    full_sort_share: float = 0.0
 
 
 @dataclass
@@ -287,11 +290,17 @@ def run_load_point(
     load.run_until(time.perf_counter() + s.warmup, streams)
     load.tracker.start_window()
     steps, frames, boosts = engine.steps, engine.frames_generated, engine.boost_steps
+    sorts = engine.runner.full_sort_rows
     started, t0 = load.count, time.perf_counter()
     load.run_until(t0 + s.duration, streams)
     load.tracker.end_window()
     seconds = time.perf_counter() - t0
-    counts = (engine.steps - steps, engine.frames_generated - frames, engine.boost_steps - boosts)
+    counts = (
+        engine.steps - steps,
+        engine.frames_generated - frames,
+        engine.boost_steps - boosts,
+        engine.runner.full_sort_rows - sorts,
+    )
     started = load.count - started
     load.drain(time.perf_counter() + max(s.duration, 5.0))
     for rid in list(engine.sequences):
@@ -304,11 +313,12 @@ def _point(
     streams: int,
     engine: LLMEngine,
     seconds: float,
-    counts: tuple[int, int, int],
+    counts: tuple[int, int, int, int],
     started: int,
 ) -> LoadPoint:
-    """The point from the window's (steps, frames, boost steps) and the tracker."""
-    steps, frames, boosts = counts
+    """The point from the window's (steps, frames, boost steps, full-sort draws) and the
+    tracker."""
+    steps, frames, boosts, sorts = counts
     tracker = load.tracker
     audio_fps = tracker.audio_frames / seconds
     ff, fc = _percentiles(tracker.first_frame), _percentiles(tracker.first_chunk_s)
@@ -329,6 +339,7 @@ def _point(
         first_chunk_p50=fc[0],
         first_chunk_p99=fc[1],
         first_chunk_missing=len(tracker.awaiting),
+        full_sort_share=sorts / max(frames, 1),
     )
 
 
@@ -520,6 +531,7 @@ def render_points(points: list[LoadPoint], console: Console) -> str:
         "frames/s",
         "frames/step",
         "boost share",
+        "full sort",
         "RT margin",
         "first frame p50/p99 s",
         "first chunk p50/p99 s",
@@ -533,6 +545,7 @@ def render_points(points: list[LoadPoint], console: Console) -> str:
             f"{p.frames_per_s:,.0f}",
             f"{p.frames_per_step:.0f}",
             f"{p.boost_share:.2f}",
+            f"{p.full_sort_share:.3f}",
             f"{p.realtime_margin:.2f}",
             f"{p.first_frame_p50:.3f} / {p.first_frame_p99:.3f}",
             f"{p.first_chunk_p50:.3f} / {p.first_chunk_p99:.3f}",

@@ -71,12 +71,15 @@ class EngineConfig:
             way; `fishserve.engine.sampling.sample_prefiltered`); 0 always sorts.
         static_prefill_tokens: prompt positions per step that run as extra rows of the static
             decode step (CUDA graphs), each row attending its own prefix; a step whose
-            positions exceed max_num_seqs + this runs its prefill chunks eagerly instead.
+            positions exceed max_num_seqs + this runs its prefill chunks eagerly instead
+            (without asynchronous scheduling: with it, steps are capped at that size).
         async_scheduling: schedule and launch step N+1 before step N's frames reach the host
-            (`LLMEngine.step`), so the host's per-step work overlaps the device's. The same
-            frames as without it up to the rounding of batched matrix products (the step
-            after an end token computes a discarded row: one row more than without it);
-            `step` returns each step's events one call later.
+            (`LLMEngine.step`), so the host's per-step work overlaps the device's. On the
+            static path a step then holds at most max_num_seqs + static_prefill_tokens
+            positions (longer prompts are prefilled in chunks), so that every step overlaps.
+            The same frames as without it up to the rounding of batched matrix products (the
+            step after an end token computes a discarded row: one row more than without
+            it); `step` returns each step's events one call later.
         compile_fast_transformer: on CUDA, compile each step's second half (the fast
             transformer over the codebooks and their sampling) with torch.compile before the
             CUDA graphs are captured: fewer, fused kernels per step, one compilation at
@@ -261,7 +264,7 @@ class LLMEngine:
         rows = PersistentBatch(config.max_num_seqs, 1 + mc.num_codebooks, self.runner.max_blocks)
         self.runner.rows = rows
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.blocks, rows
+            SchedulerConfig(config.max_num_seqs, self._step_tokens()), self.blocks, rows
         )
         self.sequences: dict[str, Sequence] = {}
         self.frames_generated = 0
@@ -279,6 +282,17 @@ class LLMEngine:
         self._launched: tuple[RowsLaunch, list[tuple[int, int]]] | None = None
 
     # -- setup ---------------------------------------------------------------------------------
+    def _step_tokens(self) -> int:
+        """Positions per step at most: `max_num_batched_tokens`, and with asynchronous
+        scheduling on the static path no more than its rows (`ModelRunner.max_rows`), so that
+        every step overlaps the previous one (prompts beyond them are prefilled in chunks or
+        wait a step) instead of draining the pipeline for a synchronous step with an eager
+        prefill (docs/benchmarks.md §6.26)."""
+        tokens = self.config.max_num_batched_tokens
+        if self.config.async_scheduling and self.runner.static_decode:
+            tokens = min(tokens, self.runner.max_rows)
+        return tokens
+
     def _plan_memory(self, kv_bytes_per_token: int) -> MemoryPlan:
         cfg = self.config
         weights = module_bytes(self.model)

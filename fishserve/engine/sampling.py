@@ -161,12 +161,14 @@ def top_p_filter(logits: Tensor, top_p: Tensor) -> Tensor:
 
     Sorted descending, an entry is removed when the cumulative probability including itself
     exceeds top_p; the most likely entry is always kept. top_p >= 1 keeps every entry (the
-    float32 cumulative sum can round past 1.0, which must not drop the last one).
+    float32 cumulative sum can round past 1.0, which must not drop the last one). The sort
+    is stable: tied logits keep ascending id order, so which of them a cut keeps is defined
+    (the lower ids) and `sample_prefiltered` can reproduce it.
 
     Args:
         logits: (B, V). top_p: (B,).
     """
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
     cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
     limit = top_p.to(cumulative.dtype)[:, None]
     remove_sorted = (cumulative > limit) & (limit < 1.0)
@@ -209,6 +211,23 @@ def _race(logits: Tensor, temperature: Tensor, noise: Tensor) -> Tensor:
     return torch.argmax(probs / noise, dim=-1)
 
 
+def stable_descending(values: Tensor, ids: Tensor, vocab: int) -> tuple[Tensor, Tensor]:
+    """Candidates in the order of a stable descending sort of their row: logit descending,
+    tied logits by ascending id (`top_p_filter`'s order).
+
+    Args:
+        values: float32 (B, k) finite logits; ids: int64 (B, k) their distinct ids, < vocab.
+
+    Returns:
+        (values, ids) reordered, each (B, k).
+    """
+    bits = (values + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes 0.0, one key for equals
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # IEEE float order as int32 order
+    composite = key.to(torch.int64) * vocab + (vocab - 1 - ids)  # ties: the lower id first
+    order = composite.argsort(dim=-1, descending=True)
+    return values.gather(1, order), ids.gather(1, order)
+
+
 def sample_prefiltered(
     logits: Tensor,
     temperature: Tensor,
@@ -229,9 +248,12 @@ def sample_prefiltered(
     `sample` (`fishserve.engine.frame.resample_rows_`). The mass of each candidate is
     ``exp(l - logsumexp(l))``, the same probability `top_p_filter`'s softmax computes, up to
     float32 rounding of the normaliser; rows whose mass at the cut lies within `CUT_TOLERANCE`
-    of top_p are flagged, as are rows with a tie of logits across the cut (sort and topk may
-    order tied ids differently), rows whose cut is not visible among the candidates, and rows
-    with top_p >= 1.
+    of top_p are flagged, as are rows whose nucleus may reach past the candidates (its last
+    logit not above the smallest candidate's: an id left out could tie with it) and rows with
+    top_p >= 1. The candidates are ordered as `top_p_filter`'s stable sort orders them (logit
+    descending, tied logits by ascending id), so a tie across the cut is decided here too:
+    with bf16 logits such ties are common (~9% of rows of Gaussian logits of std 8 over
+    102,048 ids, all sent to the full sort before; docs/benchmarks.md §6.26).
 
     Args:
         logits: (B, V) float; temperature, top_p, penalty: (B,); window: int64 (B, W) or None.
@@ -244,22 +266,23 @@ def sample_prefiltered(
     logits = logits.float()
     if window is not None:
         logits = apply_repetition_penalty(logits, window, penalty)
-    values, ids = torch.topk(logits, k, dim=-1)  # (B, k), descending
+    values, ids = torch.topk(logits, k, dim=-1, sorted=False)
+    values, ids = stable_descending(values, ids, logits.shape[-1])  # (B, k)
     mass = torch.exp(values - torch.logsumexp(logits, dim=-1, keepdim=True)).cumsum(dim=-1)
     limit = top_p.to(mass.dtype)[:, None]
     remove = mass > limit
     remove[:, 0] = False
-    # Exact when the first removed id is among the candidates (the nucleus ends inside them),
-    # top_p < 1 (which keeps everything), no tie straddles the cut (sort and topk may order
-    # tied ids differently) and the cumulative mass on both sides of the cut is clear of top_p
-    # by more than float32 rounding can move it (the full sort normalises differently).
+    # Exact when the nucleus lies inside the candidates in the full sort's order (every id
+    # left out has a logit below the last kept one, so it sorts after the nucleus), top_p < 1
+    # (which keeps everything) and the cumulative mass on both sides of the cut is clear of
+    # top_p by more than float32 rounding can move it (the full sort normalises differently).
     kept = (~remove).sum(dim=-1, keepdim=True)  # (B, 1), >= 1
     cut = kept.clamp(max=k - 1)
-    tie_at_cut = values.gather(1, kept - 1) == values.gather(1, cut)
+    inside = values.gather(1, kept - 1) > values[:, -1:]
     near_cut = ((mass.gather(1, cut) - limit).abs() < CUT_TOLERANCE) | (
         (limit - mass.gather(1, kept - 1)).abs() < CUT_TOLERANCE
     )
-    exact = (kept < k) & (limit < 1.0) & ~tie_at_cut & ~near_cut
+    exact = inside & (limit < 1.0) & ~near_cut
     values = values.masked_fill(remove, float("-inf"))
     noise = exponential_noise_at(seeds, counters, ids)
     pick = _race(values, temperature, noise)

@@ -278,3 +278,17 @@ def test_cli_refuses_bad_profiler_variables_before_loading(monkeypatch, tmp_path
     monkeypatch.setenv("FISHSERVE_PROFILE_STEPS", "0")
     result = CliRunner().invoke(app, [*TINY, "--streams", "2"])
     assert result.exit_code == 2 and "FISHSERVE_PROFILE_STEPS" in result.output
+
+
+def test_full_sort_share_counts_the_prefilters_misses(tiny_model, tiny_tokenizer) -> None:
+    """The tiny random model's logits are flat: 8 candidates rarely hold the nucleus."""
+    from dataclasses import replace
+
+    shares = {}
+    for k in (8, 0):
+        s = replace(QUICK, top_k_prefilter=k)
+        text = prompt_text(tiny_tokenizer, s.context)
+        prompt = prompt_positions(tiny_model, tiny_tokenizer, text)
+        engine = load_engine(tiny_model, tiny_tokenizer, "sync", 3, s, prompt)
+        shares[k] = run_load_point(engine, 3, text, s).full_sort_share
+    assert shares[8] > 0.5 and shares[0] == 0.0

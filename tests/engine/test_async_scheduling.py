@@ -41,7 +41,8 @@ def _same(a: dict, b: dict) -> None:
 
 SETTINGS = {
     "plain": {},
-    "general path for prompts": {"static_prefill_tokens": 4, "max_num_batched_tokens": 64},
+    # sync: prompts past the static rows run on the general path; async: chunked into the rows
+    "prompts past the static rows": {"static_prefill_tokens": 4, "max_num_batched_tokens": 64},
     "preemption": {"num_kv_blocks": 14},
 }
 
@@ -59,6 +60,26 @@ def test_async_steps_give_the_frames_of_sync_steps(tiny_model, tiny_tokenizer, s
     assert all(seq.inflight == 0 for seq in engine.sequences.values())
     if "num_kv_blocks" in settings:
         assert engine.scheduler.num_preemptions > 0
+
+
+def test_async_steps_stay_inside_the_static_rows(tiny_model, tiny_tokenizer, monkeypatch):
+    """Prompts longer than the rows left are prefilled in chunks: no step drains the pipeline
+    for a synchronous step with an eager prefill (`ModelRunner.execute`)."""
+    base = {"static_decode": True, "max_num_seqs": 4, "static_prefill_tokens": 4}
+    engine = make_engine(
+        tiny_model, tiny_tokenizer, async_scheduling=True, max_num_batched_tokens=64, **base
+    )
+    assert engine.scheduler.config.max_num_batched_tokens == engine.runner.max_rows == 8
+    sizes: list[int] = []
+    launch = engine.runner.launch
+    monkeypatch.setattr(engine.runner, "execute", lambda batch: pytest.fail("a sync step ran"))
+    monkeypatch.setattr(
+        engine.runner, "launch", lambda b, c: sizes.append(b.num_tokens) or launch(b, c)
+    )
+    run_engine(engine, _requests())
+    assert max(sizes) <= 8 and len(sizes) > 0
+    sync = make_engine(tiny_model, tiny_tokenizer, max_num_batched_tokens=64, **base)
+    assert sync.scheduler.config.max_num_batched_tokens == 64  # sync steps are not capped
 
 
 def test_a_step_returns_the_previous_steps_frames(tiny_model, tiny_tokenizer):

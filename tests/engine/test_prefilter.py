@@ -160,20 +160,62 @@ def test_no_id_outside_the_nucleus_wins() -> None:
     assert bool((tokens == 7).all())
 
 
-@pytest.mark.parametrize("pair", [(5, 900), (996, 1459), (700, 701)])
-def test_a_tie_across_the_cut_goes_to_the_full_sort(pair: tuple[int, int]) -> None:
+@pytest.mark.parametrize("pair", [(5, 900), (996, 1459), (700, 701), (900, 5)])
+def test_a_tie_across_the_cut_keeps_the_lower_id_as_the_full_sort_does(
+    pair: tuple[int, int],
+) -> None:
+    """top_p 0.4 keeps one of two tied ids: the stable full sort keeps the lower one, and the
+    prefilter decides the row the same way (whatever order topk returned them in)."""
     logits = torch.full((1, 1536), -20.0)
-    logits[0, list(pair)] = 10.0  # top_p 0.4 keeps one of the two tied ids
+    logits[0, list(pair)] = 10.0
+    for seed in range(8):
+        p = batch(1, seed=seed, top_p=0.4)
+        token, exact = sample_token(logits, p, None, 64)
+        noise = exponential_noise(p.seeds, p.counters(0), 1536)
+        full = sample(logits, p.temperature, p.top_p, p.penalty, None, noise)
+        assert bool(exact.all()) and token.item() == full.item() == min(pair)
+
+
+def test_a_tie_group_reaching_past_the_candidates_goes_to_the_full_sort() -> None:
+    """100 tied ids, 64 candidates: which tied ids the cut keeps depends on ids topk left out."""
+    logits = torch.full((1, 1536), -20.0)
+    logits[0, torch.arange(100) * 13] = 10.0
     p = batch(1, seed=11, top_p=0.4)
-    exact = prefilter_exact(logits, p, 64)
-    assert not exact.any()
     token, exact = sample_token(logits, p, None, 64)
+    assert not exact.any()
     rows = inexact_rows(exact)
     assert rows is not None
     resample_rows_(token, rows, logits[rows], p, None)
     noise = exponential_noise(p.seeds, p.counters(0), 1536)
-    full = sample(logits, p.temperature, p.top_p, p.penalty, None, noise)
-    assert torch.equal(token, full)
+    assert torch.equal(token, sample(logits, p.temperature, p.top_p, p.penalty, None, noise))
+
+
+@pytest.mark.parametrize("k", [64, 1024])
+def test_bf16_logits_with_many_ties_are_decided_by_the_prefilter(k: int) -> None:
+    """Logits rounded to bf16 (the model's dtype) tie often near the cut: the prefilter now
+    decides those rows (it sent ~9% of them to the full sort), with the full sort's tokens."""
+    rows, vocab = 256, 20_000
+    logits = (torch.randn(rows, vocab, generator=torch.Generator().manual_seed(3)) * 8).bfloat16()
+    logits = logits.float()
+    p = batch(rows, seed=4)
+    window = torch.randint(0, vocab, (rows, 16), generator=torch.Generator().manual_seed(5))
+    token, exact = sample_prefiltered(
+        logits, p.temperature, p.top_p, p.penalty, window, p.seeds, p.counters(0), k
+    )
+    noise = exponential_noise(p.seeds, p.counters(0), vocab)
+    full = sample(logits, p.temperature, p.top_p, p.penalty, window, noise)
+    assert exact.float().mean() >= 0.99
+    assert torch.equal(token[exact], full[exact])
+
+
+def test_stable_descending_orders_ties_by_id_and_signed_zeros_as_equal() -> None:
+    from fishserve.engine.sampling import stable_descending
+
+    values = torch.tensor([[1.0, -0.0, 3.0, 1.0, 0.0, -2.5, 3.0]])
+    ids = torch.tensor([[9, 4, 8, 2, 3, 0, 1]])
+    v, i = stable_descending(values, ids, 10)
+    assert i.tolist() == [[1, 8, 2, 9, 3, 4, 0]]
+    assert v.tolist() == [[3.0, 3.0, 1.0, 1.0, 0.0, -0.0, -2.5]]
 
 
 def test_top_p_one_keeps_every_id_in_both_samplers() -> None:

@@ -18,14 +18,14 @@ from fishserve.engine import graph_decoder as gd
 _launch, _finish = gd.CudaGraphDecoder.launch, gd.CudaGraphDecoder.finish
 
 
-def launch(self, host, live=None, carry=None):  # noqa: ANN001, ANN201
+def launch(self, host, live=None, carry=None):
     launched = _launch(self, host, live, carry)
     launched.captured.codes_graph.replay()  # the second half at once, no host round trip
     launched.fused = True
     return launched
 
 
-def finish(self, launched):  # noqa: ANN001, ANN201
+def finish(self, launched):
     if getattr(launched, "fused", False):
         return launched.captured.frames[: launched.live].clone()
     return _finish(self, launched)
