@@ -10,6 +10,6 @@ timeout 170 python3 -m pytest -p no:cacheprovider --junitxml=$OUT/t.xml -k "cuda
 A="--streams 768,1024 --modes async --duration 6 --warmup 2 --engine-sms 56"
 bel() { timeout 140 python3 -m fishserve bench-engine-load $A --output $OUT/$1.json 2>&1 | grep -E "^│|probe" | tee -a $LOG; }
 echo "-- new" | tee -a $LOG; bel new1
-echo "-- old" | tee -a $LOG; (export PYTHONPATH=/tmp/site:/tmp/old; bel old1)
+echo "-- old" | tee -a $LOG; (cd /tmp/old && export PYTHONPATH=/tmp/site:/tmp/old && bel old1)
 if (( SECONDS - T0 < 440 )); then echo "-- new" | tee -a $LOG; bel new2; fi
 rm -f $OUT/*.md
