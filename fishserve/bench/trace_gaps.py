@@ -2,10 +2,12 @@
 
 A step profile (`fishserve.engine.step_profiler`, `bench-engine --profile-steps`) says which
 kernels take the device's time; it does not say how much of the time the device had nothing
-to run. This reads the trace's device activities (kernels, copies, memsets) per CUDA stream,
-merges them into busy intervals and lists the gaps between them on the busiest stream. Each
-gap is attributed through the trace's correlation ids to the host call that launched the
-activity after it (``cudaGraphLaunch``, ``cudaLaunchKernel``, ``cudaMemcpyAsync``, ...):
+to run. This reads the trace's device activities (kernels, copies, memsets) per CUDA stream
+and over all streams together (`ALL_STREAMS`: a step's kernels can run on several streams,
+as in round 26's engine trace, so one stream's gap can be another's work), merges them into busy
+intervals and lists the gaps of the device as a whole. Each gap is attributed through the
+trace's correlation ids to the host call that launched the activity after it
+(``cudaGraphLaunch``, ``cudaLaunchKernel``, ``cudaMemcpyAsync``, ...):
 
 * **host-bound**: that call began after the stream had gone idle, so the device waited for
   the host to get there (a host synchronisation, Python work, the GIL);
@@ -25,6 +27,7 @@ from pathlib import Path
 
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 # Gap length bins in microseconds: [lower, upper) each.
+ALL_STREAMS = -1  # the stream id of the all-streams view
 BINS_US = ((0.0, 5.0), (5.0, 20.0), (20.0, 100.0), (100.0, 500.0), (500.0, float("inf")))
 
 
@@ -161,7 +164,8 @@ def _gap(
 
 
 def analyse(path: Path) -> list[StreamUse]:
-    """Every stream's use in the trace at `path`, busiest first.
+    """The device's use over all streams (stream id `ALL_STREAMS`), then every stream's,
+    busiest first.
 
     Raises:
         ValueError: an unreadable trace, or one without device activities (a CPU-only run).
@@ -172,7 +176,9 @@ def analyse(path: Path) -> list[StreamUse]:
         raise ValueError(f"{path}: no device activities (kernels, copies) in the trace")
     calls = launches(events)
     uses = [stream_use(s, acts, calls) for s, acts in streams.items()]
-    return sorted(uses, key=lambda u: u.busy_ms, reverse=True)
+    uses.sort(key=lambda u: u.busy_ms, reverse=True)
+    merged = sorted((a for acts in streams.values() for a in acts), key=lambda a: a.start)
+    return [stream_use(ALL_STREAMS, merged, calls), *uses]
 
 
 def gap_bins(gaps: list[Gap]) -> list[tuple[str, int, float, float]]:
@@ -193,9 +199,16 @@ def _label(lo: float, hi: float) -> str:
 
 
 def render(uses: list[StreamUse], top: int) -> str:
-    """A plain-text report: per-stream busy share, then the busiest stream's gaps."""
+    """A plain-text report: busy share of the device and of each stream, then the device's
+    gaps (`uses[0]`, the all-streams view of `analyse`)."""
     lines = ["stream  activities  busy ms  span ms  busy share"]
     for u in uses:
+        if u.stream == ALL_STREAMS:
+            share = u.busy_ms / u.span_ms if u.span_ms else 1.0
+            lines.append(
+                f"   all  {u.activities:>10}  {u.busy_ms:>7.2f}  {u.span_ms:>7.2f}  {share:>10.2f}"
+            )
+            continue
         share = u.busy_ms / u.span_ms if u.span_ms else 1.0
         row = f"{u.stream:>6}  {u.activities:>10}  {u.busy_ms:>7.2f}  {u.span_ms:>7.2f}"
         lines.append(f"{row}  {share:>10.2f}")
@@ -203,13 +216,13 @@ def render(uses: list[StreamUse], top: int) -> str:
     host = sum(g.length_ms for g in main.gaps if g.host_bound)
     lines += [
         "",
-        f"busiest stream {main.stream}: {len(main.gaps)} gaps, {main.idle_ms:.2f} ms idle "
+        f"all streams: {len(main.gaps)} gaps with no device work, {main.idle_ms:.2f} ms idle "
         f"of {main.span_ms:.2f} ms, {host:.2f} ms of it host-bound",
         "gap length      count  total ms  host-bound ms",
     ]
     for label, n, total, bound in gap_bins(main.gaps):
         lines.append(f"{label:<14} {n:>6}  {total:>8.2f}  {bound:>13.2f}")
-    lines += ["", f"longest {top} gaps (ms from the first activity):"]
+    lines += ["", f"longest {top} gaps (ms from the first activity on any stream):"]
     for g in sorted(main.gaps, key=lambda g: g.length_ms, reverse=True)[:top]:
         kind = "host-bound" if g.host_bound else "queued"
         lines.append(

@@ -439,9 +439,9 @@ def profile_gaps(
     trace: Annotated[Path, typer.Argument(help="Chrome trace (JSON) of torch.profiler.")],
     top: Annotated[int, typer.Option(min=1, help="Longest gaps to list.")] = 15,
 ) -> None:
-    """Where the GPU sat idle in a step profile: busy share per CUDA stream, the busiest
-    stream's gaps by length, each host-bound (its work launched only after the stream went
-    idle) or queued."""
+    """Where the GPU sat idle in a step profile: busy share of the device and of each CUDA
+    stream, then the device's gaps (no stream running anything) by length, each host-bound
+    (its work launched only after the device went idle) or queued."""
     from fishserve.bench.trace_gaps import analyse, render
 
     print(render(analyse(trace), top))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fishserve.bench.trace_gaps import analyse, gap_bins, render
+from fishserve.bench.trace_gaps import ALL_STREAMS, analyse, gap_bins, render
 from fishserve.cli import app
 
 
@@ -60,8 +60,8 @@ def trace(tmp_path: Path) -> Path:
 
 def test_busy_span_and_gaps_of_the_busiest_stream(trace: Path) -> None:
     uses = analyse(trace)
-    main = uses[0]
-    assert [u.stream for u in uses] == [7, 9]
+    main = uses[1]
+    assert [u.stream for u in uses] == [ALL_STREAMS, 7, 9]
     assert main.busy_ms == pytest.approx(0.038)  # 10 + 8 + 10 + 10 us (b2 inside b)
     assert main.span_ms == pytest.approx(1.320)
     assert [g.length_ms for g in main.gaps] == pytest.approx([0.002, 0.280, 1.000])
@@ -71,7 +71,8 @@ def test_busy_span_and_gaps_of_the_busiest_stream(trace: Path) -> None:
 
 
 def test_gap_bins_split_by_length_and_cause(trace: Path) -> None:
-    bins = {label: (n, total, bound) for label, n, total, bound in gap_bins(analyse(trace)[0].gaps)}
+    gaps = analyse(trace)[1].gaps
+    bins = {label: (n, total, bound) for label, n, total, bound in gap_bins(gaps)}
     assert bins["0-5 us"] == (1, pytest.approx(0.002), 0.0)
     assert bins["100-500 us"] == (1, pytest.approx(0.28), pytest.approx(0.28))
     assert bins[">= 500 us"] == (1, pytest.approx(1.0), 0.0)
@@ -80,7 +81,7 @@ def test_gap_bins_split_by_length_and_cause(trace: Path) -> None:
 def test_cli_prints_the_report(trace: Path) -> None:
     result = CliRunner().invoke(app, ["profile-gaps", str(trace), "--top", "1"])
     assert result.exit_code == 0, result.output
-    assert "busiest stream 7: 3 gaps" in result.output
+    assert "all streams: 3 gaps" in result.output  # stream 9's kernel (5-6 us) lies in a's
     assert "0.28 ms of it host-bound" in result.output
     longest = [line for line in result.output.splitlines() if " ms at " in line]
     assert len(longest) == 1 and "queued" in longest[0] and "c -> d" in longest[0]
@@ -90,6 +91,16 @@ def test_report_of_an_idle_free_stream(tmp_path: Path) -> None:
     uses = analyse(write(tmp_path, [kernel("a", 0.0, 5.0, 1, 1), kernel("b", 5.0, 5.0, 1, 2)]))
     assert uses[0].gaps == [] and uses[0].idle_ms == pytest.approx(0.0)
     assert "0 gaps" in render(uses, 5)
+
+
+def test_one_streams_gap_filled_by_another_is_no_device_gap(tmp_path: Path) -> None:
+    """A graph's kernels on two streams: stream 1 waits while stream 2 works."""
+    events = [kernel("a", 0.0, 10.0, 1, 1), kernel("b", 10.0, 80.0, 2, 1)]
+    events += [kernel("c", 90.0, 10.0, 1, 1)]
+    uses = analyse(write(tmp_path, events))
+    device, streams = uses[0], {u.stream: u for u in uses[1:]}
+    assert device.gaps == [] and device.busy_ms == pytest.approx(0.1)
+    assert [g.length_ms for g in streams[1].gaps] == pytest.approx([0.08])
 
 
 @pytest.mark.parametrize(
