@@ -249,11 +249,12 @@ def sample_prefiltered(
     ``exp(l - logsumexp(l))``, the same probability `top_p_filter`'s softmax computes, up to
     float32 rounding of the normaliser; rows whose mass at the cut lies within `CUT_TOLERANCE`
     of top_p are flagged, as are rows whose nucleus may reach past the candidates (its last
-    logit not above the smallest candidate's: an id left out could tie with it) and rows with
-    top_p >= 1. The candidates are ordered as `top_p_filter`'s stable sort orders them (logit
-    descending, tied logits by ascending id), so a tie across the cut is decided here too:
-    with bf16 logits such ties are common (~9% of rows of Gaussian logits of std 8 over
-    102,048 ids, all sent to the full sort before; docs/benchmarks.md §6.26).
+    logit not above the smallest candidate's: an id left out could tie with it), rows whose
+    last kept logit is zero (signed zeros may sort apart) and rows with top_p >= 1. The
+    candidates are ordered as `top_p_filter`'s stable sort orders them (logit descending,
+    tied logits by ascending id), so a tie across the cut is decided here too: with bf16
+    logits such ties are common (~9% of rows of Gaussian logits of std 8 over 102,048 ids,
+    all sent to the full sort before; docs/benchmarks.md §6.26).
 
     Args:
         logits: (B, V) float; temperature, top_p, penalty: (B,); window: int64 (B, W) or None.
@@ -278,7 +279,10 @@ def sample_prefiltered(
     # top_p by more than float32 rounding can move it (the full sort normalises differently).
     kept = (~remove).sum(dim=-1, keepdim=True)  # (B, 1), >= 1
     cut = kept.clamp(max=k - 1)
-    inside = values.gather(1, kept - 1) > values[:, -1:]
+    last = values.gather(1, kept - 1)
+    # A zero logit at the cut is left to the full sort: a sort may order -0.0 and +0.0 as
+    # equal (ties by id) or not, depending on the device.
+    inside = (last > values[:, -1:]) & (last != 0)
     near_cut = ((mass.gather(1, cut) - limit).abs() < CUT_TOLERANCE) | (
         (limit - mass.gather(1, kept - 1)).abs() < CUT_TOLERANCE
     )

@@ -208,6 +208,14 @@ def test_bf16_logits_with_many_ties_are_decided_by_the_prefilter(k: int) -> None
     assert torch.equal(token[exact], full[exact])
 
 
+def test_a_zero_logit_at_the_cut_goes_to_the_full_sort() -> None:
+    """-0.0 and +0.0 may sort apart on some devices: a cut between them is not decided."""
+    logits = torch.full((1, 1536), -20.0)
+    logits[0, 3], logits[0, 9] = 0.0, -0.0
+    p = batch(1, seed=13, top_p=0.4)
+    assert not prefilter_exact(logits, p, 64).any()
+
+
 def test_stable_descending_orders_ties_by_id_and_signed_zeros_as_equal() -> None:
     from fishserve.engine.sampling import stable_descending
 
