@@ -16,6 +16,7 @@ Fastest of a few repeats each; higher ``launch_us``, lower ``gemm_tflops`` mean 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -65,17 +66,44 @@ def gemm_tflops(device: torch.device) -> float:
 
 
 def nvml_state(index: int) -> dict[str, float | None]:
-    """SM clock now and at most (MHz), power limit (W), temperature (C); None where NVML
-    (pynvml) is missing or does not say."""
+    """SM clock now and at most (MHz), power limit (W), temperature (C) of CUDA device
+    `index`; None where NVML (pynvml) is missing or does not say. NVML numbers the GPUs
+    physically, CUDA after ``CUDA_VISIBLE_DEVICES``: the device is found by its UUID."""
     keys = ("sm_clock_mhz", "max_sm_clock_mhz", "power_limit_w", "temperature_c")
     out: dict[str, float | None] = dict.fromkeys(keys)
     try:
         import pynvml  # type: ignore[import-not-found]
 
         pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(index)
     except Exception:  # no NVML: the probes still run
         return out
+    try:
+        _read_nvml(pynvml, _nvml_handle(pynvml, index), out)
+    except Exception:  # a device NVML does not know: its fields stay None
+        pass
+    finally:
+        pynvml.nvmlShutdown()
+    return out
+
+
+def _nvml_handle(pynvml: Any, index: int) -> Any:
+    """NVML's handle of CUDA device `index`: by UUID, else (no ``CUDA_VISIBLE_DEVICES``, where
+    both number the GPUs alike) by index.
+
+    Raises:
+        Exception: whatever NVML raises when neither finds it.
+    """
+    try:
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    except Exception:
+        if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+            raise
+        return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def _read_nvml(pynvml: Any, h: Any, out: dict[str, float | None]) -> None:
+    """Fill `out`'s NVML fields from handle `h` (each None where the driver does not say)."""
     reads = {
         "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
         "max_sm_clock_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
@@ -87,7 +115,6 @@ def nvml_state(index: int) -> dict[str, float | None]:
             out[key] = float(read())
         except Exception:  # a field this driver does not report
             out[key] = None
-    return out
 
 
 def device_probe(device: torch.device) -> dict[str, float | str | None]:

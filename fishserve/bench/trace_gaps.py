@@ -20,7 +20,9 @@ Times in the trace are microseconds; this reports milliseconds.
 from __future__ import annotations
 
 import bisect
+import gzip
 import json
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,14 +80,16 @@ class StreamUse:
 
 
 def load_trace(path: Path) -> list[dict]:
-    """The events of a Chrome trace (a JSON object with ``traceEvents``, or a bare list).
+    """The events of a Chrome trace (a JSON object with ``traceEvents``, or a bare list; gzip
+    compressed when the name ends in ``.gz``).
 
     Raises:
         ValueError: not JSON, or neither form.
     """
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, EOFError, UnicodeDecodeError, RecursionError, ValueError) as exc:
         raise ValueError(f"cannot read {path} as a JSON trace: {exc}") from exc
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
@@ -99,16 +103,14 @@ def device_activities(events: list[dict]) -> dict[int, list[Activity]]:
     for e in events:
         if e.get("ph") != "X" or e.get("cat") not in DEVICE_CATEGORIES:
             continue
-        args = e.get("args") or {}
-        stream = args.get("stream")
-        ts, dur = e.get("ts"), e.get("dur")
-        if not isinstance(stream, int) or not isinstance(ts, int | float):
+        args = _args(e)
+        stream, ts, dur = args.get("stream"), _number(e.get("ts")), _number(e.get("dur"))
+        if not _integer(stream) or ts is None:
             continue
-        start = float(ts)
-        end = start + float(dur) if isinstance(dur, int | float) else start
+        end = ts + dur if dur is not None and dur >= 0 else ts
         corr = args.get("correlation")
         streams[stream].append(
-            Activity(start, end, str(e.get("name", "?")), corr if isinstance(corr, int) else None)
+            Activity(ts, end, str(e.get("name", "?")), corr if _integer(corr) else None)
         )
     for acts in streams.values():
         acts.sort(key=lambda a: a.start)
@@ -121,10 +123,27 @@ def launches(events: list[dict]) -> dict[int, tuple[str, float]]:
     for e in events:
         if e.get("cat") not in ("cuda_runtime", "cuda_driver"):
             continue
-        corr = (e.get("args") or {}).get("correlation")
-        if isinstance(corr, int) and isinstance(e.get("ts"), int | float):
-            out[corr] = (str(e.get("name", "?")), float(e["ts"]))
+        corr, ts = _args(e).get("correlation"), _number(e.get("ts"))
+        if _integer(corr) and ts is not None:
+            out[corr] = (str(e.get("name", "?")), ts)
     return out
+
+
+def _args(event: dict) -> dict:
+    """An event's ``args`` when it is an object, else empty."""
+    args = event.get("args")
+    return args if isinstance(args, dict) else {}
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: object) -> float | None:
+    """A finite JSON number as float, else None (booleans, NaN, strings)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def stream_use(stream: int, acts: list[Activity], calls: dict[int, tuple[str, float]]) -> StreamUse:

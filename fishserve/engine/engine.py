@@ -72,11 +72,14 @@ class EngineConfig:
         static_prefill_tokens: prompt positions per step that run as extra rows of the static
             decode step (CUDA graphs), each row attending its own prefix; a step whose
             positions exceed max_num_seqs + this runs its prefill chunks eagerly instead
-            (without asynchronous scheduling: with it, steps are capped at that size).
+            (without asynchronous scheduling: with it, steps are capped at that size, unless
+            this is 0).
         async_scheduling: schedule and launch step N+1 before step N's frames reach the host
             (`LLMEngine.step`), so the host's per-step work overlaps the device's. On the
             static path a step then holds at most max_num_seqs + static_prefill_tokens
-            positions (longer prompts are prefilled in chunks), so that every step overlaps.
+            positions (longer prompts are prefilled in chunks, so keep static_prefill_tokens
+            near a typical prompt's length), so that every step overlaps; not with
+            static_prefill_tokens 0.
             The same frames as without it up to the rounding of batched matrix products (the
             step after an end token computes a discarded row: one row more than without
             it); `step` returns each step's events one call later.
@@ -287,9 +290,11 @@ class LLMEngine:
         scheduling on the static path no more than its rows (`ModelRunner.max_rows`), so that
         every step overlaps the previous one (prompts beyond them are prefilled in chunks or
         wait a step) instead of draining the pipeline for a synchronous step with an eager
-        prefill (docs/benchmarks.md §6.26)."""
-        tokens = self.config.max_num_batched_tokens
-        if self.config.async_scheduling and self.runner.static_decode:
+        prefill (docs/benchmarks.md §6.26). Not with `static_prefill_tokens` 0: prompts
+        would then only get the rows decoding sequences leave free, a few positions a step."""
+        cfg = self.config
+        tokens = cfg.max_num_batched_tokens
+        if cfg.async_scheduling and self.runner.static_decode and cfg.static_prefill_tokens:
             tokens = min(tokens, self.runner.max_rows)
         return tokens
 

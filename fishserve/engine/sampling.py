@@ -246,15 +246,15 @@ def sample_prefiltered(
     candidates (with the same hash noise at their indices) gives the token `sample` gives. Rows
     where the candidates hold at most top_p are flagged; the caller resamples those rows with
     `sample` (`fishserve.engine.frame.resample_rows_`). The mass of each candidate is
-    ``exp(l - logsumexp(l))``, the same probability `top_p_filter`'s softmax computes, up to
-    float32 rounding of the normaliser; rows whose mass at the cut lies within `CUT_TOLERANCE`
-    of top_p are flagged, as are rows whose nucleus may reach past the candidates (its last
-    logit not above the smallest candidate's: an id left out could tie with it), rows whose
-    last kept logit is zero (signed zeros may sort apart) and rows with top_p >= 1. The
-    candidates are ordered as `top_p_filter`'s stable sort orders them (logit descending,
-    tied logits by ascending id), so a tie across the cut is decided here too: with bf16
-    logits such ties are common (~9% of rows of Gaussian logits of std 8 over 102,048 ids,
-    all sent to the full sort before; docs/benchmarks.md §6.26).
+    ``exp(l - max) / sum(exp(l - max))``, the same probability `top_p_filter`'s softmax
+    computes, up to float32 rounding of the sum; rows whose mass at the cut lies within
+    `CUT_TOLERANCE` of top_p are flagged, as are rows whose nucleus may reach past the
+    candidates (its last logit not above the smallest candidate's: an id left out could tie
+    with it), rows whose last kept logit is zero (signed zeros may sort apart) and rows with
+    top_p >= 1. The candidates are ordered as `top_p_filter`'s stable sort orders them
+    (logit descending, tied logits by ascending id), so a tie across the cut is decided here
+    too: with bf16 logits such ties are common (~9% of rows of Gaussian logits of std 8 over
+    102,048 ids, all sent to the full sort before; docs/benchmarks.md §6.26).
 
     Args:
         logits: (B, V) float; temperature, top_p, penalty: (B,); window: int64 (B, W) or None.
@@ -269,7 +269,10 @@ def sample_prefiltered(
         logits = apply_repetition_penalty(logits, window, penalty)
     values, ids = torch.topk(logits, k, dim=-1, sorted=False)
     values, ids = stable_descending(values, ids, logits.shape[-1])  # (B, k)
-    mass = torch.exp(values - torch.logsumexp(logits, dim=-1, keepdim=True)).cumsum(dim=-1)
+    # softmax's arithmetic: shifted by the row's maximum, divided by the sum of exponentials
+    # (a logsumexp of logits in the thousands rounds to a step larger than CUT_TOLERANCE)
+    top = values[:, :1]
+    mass = (torch.exp(values - top) / torch.exp(logits - top).sum(-1, keepdim=True)).cumsum(-1)
     limit = top_p.to(mass.dtype)[:, None]
     remove = mass > limit
     remove[:, 0] = False

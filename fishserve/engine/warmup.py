@@ -29,9 +29,10 @@ _WORD = "warm up "
 
 
 def general_path_reachable(engine: LLMEngine) -> bool:
-    """Whether a step can ever exceed the runner's static rows (else nothing to warm up)."""
+    """Whether a step can ever exceed the runner's static rows (else nothing to warm up): not
+    when the scheduler's budget is capped at them (asynchronous scheduling)."""
     runner = engine.runner
-    return runner.static_decode and engine.config.max_num_batched_tokens > runner.max_rows
+    return runner.static_decode and engine.scheduler.config.max_num_batched_tokens > runner.max_rows
 
 
 def warm_up_general_path(engine: LLMEngine) -> float:

@@ -31,3 +31,43 @@ def test_cli_on_a_cpu_prints_the_host_probe_only() -> None:
 def test_gpu_probe_gives_plausible_numbers() -> None:
     probe = device_probe(torch.device("cuda"))
     assert 0 < probe["launch_us"] < 100 and probe["gemm_tflops"] > 1
+
+
+class _FakeNvml:
+    NVML_CLOCK_SM, NVML_TEMPERATURE_GPU = 1, 0
+
+    def __init__(self, known: set[str]) -> None:
+        self.known, self.asked = known, []
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:  # noqa: N802 (NVML's names)
+        self.asked.append(uuid)
+        if uuid not in self.known:
+            raise RuntimeError("not found")
+        return uuid
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:  # noqa: N802
+        self.asked.append(index)
+        return f"index{index}"
+
+
+@pytest.mark.parametrize("visible", [None, "3"])
+def test_nvml_finds_the_cuda_device_by_uuid(monkeypatch, visible: str | None) -> None:
+    """NVML numbers GPUs physically: with CUDA_VISIBLE_DEVICES=3, CUDA device 0 is NVML's 3."""
+    from types import SimpleNamespace
+
+    from fishserve.bench import device_probe as dp
+
+    props = SimpleNamespace(uuid="abcd-1234")
+    monkeypatch.setattr(dp.torch.cuda, "get_device_properties", lambda index: props)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    nvml = _FakeNvml({"GPU-abcd-1234"})
+    assert dp._nvml_handle(nvml, 0) == "GPU-abcd-1234"
+    props.uuid = "other"  # a UUID NVML does not know: the index only where both agree
+    if visible is None:
+        assert dp._nvml_handle(nvml, 0) == "index0"
+    else:
+        with pytest.raises(RuntimeError):
+            dp._nvml_handle(nvml, 0)

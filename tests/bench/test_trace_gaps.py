@@ -103,9 +103,34 @@ def test_one_streams_gap_filled_by_another_is_no_device_gap(tmp_path: Path) -> N
     assert [g.length_ms for g in streams[1].gaps] == pytest.approx([0.08])
 
 
+def test_malformed_events_are_skipped(tmp_path: Path) -> None:
+    """Non-object args, NaN or boolean times, negative durations: ignored, not a crash."""
+    events = [
+        kernel("a", 0.0, 10.0, 1, 1),
+        {"ph": "X", "cat": "kernel", "name": "x", "ts": 1, "dur": 2, "args": [1]},
+        {"ph": "X", "cat": "cuda_runtime", "name": "y", "ts": 1, "args": "z"},
+        dict(kernel("nan", 0.0, 1.0, 1, 2), ts=float("nan")),
+        dict(kernel("bool", 0.0, 1.0, 1, 3), ts=True),
+        dict(kernel("neg", 20.0, -5.0, 1, 4)),
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))  # NaN written as JSON's NaN
+    uses = analyse(path)
+    assert uses[1].activities == 2 and uses[1].span_ms == pytest.approx(0.02)
+
+
+def test_a_gzipped_trace_is_read(trace: Path) -> None:
+    import gzip
+
+    packed = trace.with_suffix(".json.gz")
+    packed.write_bytes(gzip.compress(trace.read_bytes()))
+    assert [u.stream for u in analyse(packed)] == [ALL_STREAMS, 7, 9]
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
+        ("[" * 200_000, "cannot read"),
         ("not json", "cannot read"),
         ('{"other": 1}', "no traceEvents"),
         ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 1}]}', "no device activities"),

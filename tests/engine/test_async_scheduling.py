@@ -82,6 +82,29 @@ def test_async_steps_stay_inside_the_static_rows(tiny_model, tiny_tokenizer, mon
     assert sync.scheduler.config.max_num_batched_tokens == 64  # sync steps are not capped
 
 
+def test_capped_steps_leave_no_general_path_to_warm_up(tiny_model, tiny_tokenizer):
+    from fishserve.engine.warmup import general_path_reachable
+
+    base = {"static_decode": True, "max_num_seqs": 4, "max_num_batched_tokens": 512}
+    capped = make_engine(tiny_model, tiny_tokenizer, async_scheduling=True, **base)
+    assert not general_path_reachable(capped)
+    assert general_path_reachable(make_engine(tiny_model, tiny_tokenizer, **base))
+
+
+def test_no_static_prefill_rows_no_cap(tiny_model, tiny_tokenizer):
+    """static_prefill_tokens 0: prompts would get only the rows decoding leaves free."""
+    engine = make_engine(
+        tiny_model,
+        tiny_tokenizer,
+        async_scheduling=True,
+        static_decode=True,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        static_prefill_tokens=0,
+    )
+    assert engine.scheduler.config.max_num_batched_tokens == 64
+
+
 def test_a_step_returns_the_previous_steps_frames(tiny_model, tiny_tokenizer):
     engine = make_engine(tiny_model, tiny_tokenizer, static_decode=True, async_scheduling=True)
     engine.add_request(GenerationRequest("hello there", max_new_tokens=5, ignore_eos=True))

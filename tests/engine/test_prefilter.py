@@ -331,3 +331,17 @@ def test_captured_fallback_gives_the_tokens_of_the_full_sort(tiny_tokenizer) -> 
     assert engine.stats().full_sort_rows > 0
     for rid, (codes, _) in full.items():
         assert torch.equal(got[rid][0], codes)
+
+
+def test_logits_in_the_thousands_keep_the_mass_exact() -> None:
+    """A logsumexp near 1e4 rounds to 1e-3: the mass is computed as softmax computes it."""
+    vocab = 100
+    logits = torch.full((64, vocab), 1e4 - 60.0)
+    logits[:, :4] = 1e4  # four tied ids at the top, each 1/4 of the mass: cut after two
+    p = batch(64, seed=14, top_p=0.499893)
+    token, exact = sample_prefiltered(
+        logits, p.temperature, p.top_p, p.penalty, None, p.seeds, p.counters(0), 48
+    )
+    noise = exponential_noise(p.seeds, p.counters(0), vocab)
+    full = sample(logits, p.temperature, p.top_p, p.penalty, None, noise)
+    assert torch.equal(token[exact], full[exact]) and bool(exact.any())
