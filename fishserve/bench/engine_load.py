@@ -480,6 +480,12 @@ def run_engine_load(
             del engine
     profiler.close()
     lines = notes(points, probe) + ([describe(gpu)] if gpu is not None else [])
+    if profiler.written:
+        lines.append(
+            f"steps {profiler.start_step}..{profiler.start_step + profiler.num_steps - 1} were "
+            f"profiled ({profiler.written[0]}): the point they fell in was slowed by the "
+            "recording and its export; measure in a run without the profiler"
+        )
     markdown = "\n".join([render_points(points, console), "", *lines])
     console.print("\n".join(lines), highlight=False, markup=False)
     if output is not None:

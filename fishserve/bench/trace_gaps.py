@@ -192,7 +192,11 @@ def analyse(path: Path) -> list[StreamUse]:
     events = load_trace(path)
     streams = device_activities(events)
     if not streams:
-        raise ValueError(f"{path}: no device activities (kernels, copies) in the trace")
+        raise ValueError(
+            f"{path}: no device activities (kernels, copies) in the trace: was it recorded "
+            "on a CPU? profile-gaps reads GPU traces; a CPU run's operator table is the .txt "
+            "written beside it"
+        )
     calls = launches(events)
     uses = [stream_use(s, acts, calls) for s, acts in streams.items()]
     uses.sort(key=lambda u: u.busy_ms, reverse=True)

@@ -292,3 +292,14 @@ def test_full_sort_share_counts_the_prefilters_misses(tiny_model, tiny_tokenizer
         engine = load_engine(tiny_model, tiny_tokenizer, "sync", 3, s, prompt)
         shares[k] = run_load_point(engine, 3, text, s).full_sort_share
     assert shares[8] > 0.5 and shares[0] == 0.0
+
+
+def test_cli_says_which_point_the_profiled_steps_slowed(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("FISHSERVE_TORCH_PROFILER_DIR", str(tmp_path))
+    monkeypatch.setenv("FISHSERVE_PROFILE_START_STEP", "2")
+    monkeypatch.setenv("FISHSERVE_PROFILE_STEPS", "2")
+    args = [*TINY, "--streams", "2", "--frames", "12", "--context", "20", "--duration", "0.3"]
+    result = CliRunner().invoke(app, [*args, "--warmup", "0.1", "--first-chunk", "2"])
+    assert result.exit_code == 0, result.output
+    assert "steps 2..3 were profiled" in " ".join(result.output.split())
+    assert list(tmp_path.glob("engine_steps_*.json"))
