@@ -468,7 +468,7 @@ def run_engine_load(
     points: list[LoadPoint] = []
     probe = host_probe_ms()  # before the run: the engine's threads would slow it
     device = model.embeddings.weight.device
-    gpu = device_probe(device) if device.type == "cuda" else None
+    gpu = device_probe(device) if device.type == "cuda" else None  # with the device's name
     profiler = StepProfiler.from_env()  # FISHSERVE_TORCH_PROFILER_DIR: a window of steps
     with progress_bar(console=console) as progress:
         task = progress.add_task("engine under load", total=len(modes) * len(streams))
@@ -490,11 +490,10 @@ def run_engine_load(
     console.print("\n".join(lines), highlight=False, markup=False)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
-        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         payload = {
             "settings": asdict(settings),
             "prompt_positions": prompt,
-            "device": device,
+            "device": gpu["device"] if gpu is not None else str(device),
             "host_probe_ms": probe,
             "device_probe": gpu,
             "points": [_json_ready(asdict(p)) for p in points],

@@ -79,10 +79,9 @@ class EngineConfig:
             static path a step then holds at most max_num_seqs + static_prefill_tokens
             positions (longer prompts are prefilled in chunks, so keep static_prefill_tokens
             near a typical prompt's length), so that every step overlaps; not with
-            static_prefill_tokens 0.
-            The same frames as without it up to the rounding of batched matrix products (the
-            step after an end token computes a discarded row: one row more than without
-            it); `step` returns each step's events one call later.
+            static_prefill_tokens 0. The same frames as without it up to the rounding of
+            batched matrix products (the step after an end token computes a discarded row:
+            one row more than without it); `step` returns each step's events one call later.
         compile_fast_transformer: on CUDA, compile each step's second half (the fast
             transformer over the codebooks and their sampling) with torch.compile before the
             CUDA graphs are captured: fewer, fused kernels per step, one compilation at
