@@ -192,11 +192,40 @@ def steady_lines(levels: list[LevelSummary]) -> list[str]:
     ]
 
 
+# A host probe this much slower than the run's fastest marks the host as changed (the probe
+# itself varies by ~10% between runs on one machine; leases varied 5-12 ms, §6.25-§6.27).
+HOST_CHANGE = 1.3
+
+
+def host_lines(levels: list[LevelSummary]) -> list[str]:
+    """A warning when the host probes taken around the levels (`LevelSummary.host_probe_ms`,
+    `host_probe_after_ms`) differ by more than `HOST_CHANGE` x: the machine's CPU speed
+    changed during the run, and with it what the server's host work allows."""
+    probes = [
+        (s.level, p)
+        for s in levels
+        for p in (s.host_probe_ms, s.host_probe_after_ms)
+        if p is not None and p > 0
+    ]
+    if not probes:
+        return []
+    fast, slow = min(p for _, p in probes), max(p for _, p in probes)
+    if slow <= HOST_CHANGE * fast:
+        return []
+    slowed = sorted({level for level, p in probes if p > HOST_CHANGE * fast})
+    return [
+        f"- **host speed changed during the run**: host probe {fast:.1f} to {slow:.1f} ms "
+        f"(higher is slower), slowest around {', '.join(f'{x:g}' for x in slowed)}: with the "
+        "server's host work on this machine, those levels ran on a slower CPU than the others; "
+        "compare them only with runs at a like probe (each level's probes are in bench.json)"
+    ]
+
+
 def capacity_lines(report: BenchReport) -> list[str]:
     """The capacity verdict: largest level that stays real time (closed-loop runs only),
     and a warning for levels where the load generator itself was slow (`client_lines`)."""
     if report.meta.get("mode") != "concurrency":  # open loop: a rising TTFA is a queue
-        return client_lines(report.levels)
+        return client_lines(report.levels) + host_lines(report.levels)
     cap = capacity(report.levels)
     by_level = {s.level: s for s in report.levels}
 
@@ -216,6 +245,7 @@ def capacity_lines(report: BenchReport) -> list[str]:
         f"stream at RTF <= {FAST_RTF})",
         *client_lines(report.levels),
         *steady_lines(report.levels),
+        *host_lines(report.levels),
     ]
 
 

@@ -35,7 +35,14 @@ from fishserve.bench.memory import MemoryMonitor, MemorySource, read_health
 from fishserve.bench.plots import PLOT_NAMES, remove_stale, write_plots
 from fishserve.bench.report import BenchReport, capacity_lines, markdown_table, write_report
 from fishserve.bench.server_counters import rates, read_counters
-from fishserve.bench.shares import run_load, run_share, send_indexed, share_plan, share_pool
+from fishserve.bench.shares import (
+    quiet_collector,
+    run_load,
+    run_share,
+    send_indexed,
+    share_plan,
+    share_pool,
+)
 from fishserve.bench.stats import LevelSummary, summarize
 from fishserve.bench.workload import RequestShape, WorkItem
 from fishserve.host_probe import host_probe_ms
@@ -180,11 +187,14 @@ class BenchRun:
             self.progress.update(task, advance=1, errors=errors)
 
         self.monitor.level = level
+        probe = host_probe_ms()  # between levels: the load would slow it
         counters, started = await read_counters(self.client, opts.url), time.perf_counter()
         if self.pool is not None:
             records = await self.send_from_pool(level, done)
         else:
-            records = await run_load(opts, level, plan, functools.partial(self.send, level), done)
+            with quiet_collector():
+                send = functools.partial(self.send, level)
+                records = await run_load(opts, level, plan, send, done)
         await self.monitor.poll(self.clock_zero)  # at least one sample per level
         self.monitor.level = None
         self.progress.update(task, total=len(records))
@@ -193,6 +203,7 @@ class BenchRun:
         server = rates(counters, await read_counters(self.client, opts.url), elapsed)
         for rate in fields(server):  # LevelSummary has a field of each name
             setattr(summary, rate.name, getattr(server, rate.name))
+        summary.host_probe_ms, summary.host_probe_after_ms = probe, host_probe_ms()
         return summary, records
 
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import multiprocessing
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -25,11 +27,20 @@ import httpx
 from fishserve.bench.client import RequestRecord, Target, open_clients, send_request
 from fishserve.bench.load import DoneFn, LevelPlan, SendFn, run_closed_loop, run_poisson
 from fishserve.bench.workload import request_body
+from fishserve.server.gc_control import no_automatic_full_collections
 
 if TYPE_CHECKING:
     from fishserve.bench.run import BenchOptions
 
-__all__ = ["run_load", "run_share", "send_indexed", "share_counts", "share_plan", "share_pool"]
+__all__ = [
+    "quiet_collector",
+    "run_load",
+    "run_share",
+    "send_indexed",
+    "share_counts",
+    "share_plan",
+    "share_pool",
+]
 
 
 def share_counts(total: int, parts: int) -> list[int]:
@@ -96,9 +107,32 @@ async def send_indexed(
 def run_share(
     opts: BenchOptions, level: float, share: int, shares: int, clock_zero: float
 ) -> list[RequestRecord]:
-    """A share process's work: its part of one level; the records of its requests."""
+    """A share process's work: its part of one level; the records of its requests.
+
+    No full garbage collection runs during the level (`quiet_collector`)."""
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    return asyncio.run(_run_share(opts, level, share, shares, clock_zero))
+    with quiet_collector():
+        return asyncio.run(_run_share(opts, level, share, shares, clock_zero))
+
+
+@contextlib.contextmanager
+def quiet_collector() -> Iterator[None]:
+    """Hold a load generator's full garbage collections off for a level, collect after it.
+
+    A full collection holds the GIL while it walks every live object: in the load generator's
+    processes at 350 streams each, 66-78 ms (docs/benchmarks.md §6.27), during which no chunk
+    is read and every stream's arrival times are late by as much: a stall the server did not
+    cause. What exists before the level is frozen (never walked); the younger generations are
+    collected as usual during it, and everything after it.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        with no_automatic_full_collections():
+            yield
+    finally:
+        gc.unfreeze()
+        gc.collect()
 
 
 async def _run_share(

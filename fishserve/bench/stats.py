@@ -58,6 +58,10 @@ class LevelSummary:
             boost_share: the
             server's own counters over the level
             (`fishserve.bench.server_counters.ServerRates`), None for other servers.
+        host_probe_ms, host_probe_after_ms: the load generator's machine's host probe
+            (`fishserve.host_probe`, ms, higher is slower) right before and right after the
+            level: with the server on the same machine, a host that slowed down during a run
+            makes its levels incomparable (docs/benchmarks.md §6.27). None: not taken.
     """
 
     level: float
@@ -91,6 +95,8 @@ class LevelSummary:
     ttfa_early_s: dict[str, float | None] | None = None
     ttfa_late_s: dict[str, float | None] | None = None
     ttfa_halves_n: tuple[int, int] | None = None
+    host_probe_ms: float | None = None
+    host_probe_after_ms: float | None = None
 
 
 # Issue 8's capacity criteria: every stream real time without gaps, TTFA p99 within 300 ms;

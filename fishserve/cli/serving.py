@@ -165,6 +165,14 @@ def serve(
             "fishserve:gil_wait_seconds_total, fishserve:gil_probe_wakeups_total).",
         ),
     ] = None,
+    gc_full_interval: Annotated[
+        float | None,
+        _setting(
+            "gc_full_interval",
+            "Seconds between full garbage collections at most: CPython's own are held off and "
+            "run when the process is idle or after this long; 0: CPython's automatic ones.",
+        ),
+    ] = None,
     default_max_new_tokens: Annotated[
         int | None,
         _setting(

@@ -15,9 +15,11 @@ where the chunk user turn is the last item of the history list (see :func:`selec
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from fishserve.models.special_tokens import IM_START, NUM_SEMANTIC_TOKENS, VOICE
@@ -53,9 +55,19 @@ def text_columns(ids: Sequence[int], num_codebooks: int) -> torch.Tensor:
     Raises:
         ValueError: ``num_codebooks < 1``.
     """
+    return torch.from_numpy(_text_array(ids, num_codebooks))
+
+
+def _text_array(ids: Sequence[int], num_codebooks: int) -> np.ndarray:
+    """`text_columns` as a NumPy int64 ``(1 + num_codebooks, len(ids))`` array.
+
+    Prompts are built in NumPy and turned into a tensor once: every PyTorch call releases and
+    re-acquires the GIL, which in the engine's process costs ~0.5 ms under load
+    (docs/benchmarks.md §6.15, §6.27), and a request's prompt took ~30 of them.
+    """
     _check_num_codebooks(num_codebooks)
-    columns = torch.zeros((1 + num_codebooks, len(ids)), dtype=torch.long)
-    columns[0] = torch.tensor(list(ids), dtype=torch.long)
+    columns = np.zeros((1 + num_codebooks, len(ids)), dtype=np.int64)
+    columns[0] = ids
     return columns
 
 
@@ -105,25 +117,48 @@ def encode_message(
     Raises:
         ValueError: a tensor part has fewer than ``num_codebooks`` rows or bad codes.
     """
-    pieces = [text_columns(tokenizer.encode(f"{IM_START}{role}\n"), num_codebooks)]
+    return torch.from_numpy(_message_array(tokenizer, role, parts, num_codebooks, add_end))
+
+
+def _message_array(
+    tokenizer: FishTokenizer,
+    role: str,
+    parts: Sequence[MessagePart],
+    num_codebooks: int,
+    add_end: bool = True,
+) -> np.ndarray:
+    """`encode_message` as a NumPy int64 array (see `_text_array` for why NumPy)."""
+    pieces = [_text_array(tokenizer.encode(f"{IM_START}{role}\n"), num_codebooks)]
     for part in parts:
-        pieces.append(_encode_part(tokenizer, part, num_codebooks))
+        pieces.append(_part_array(tokenizer, part, num_codebooks))
     if add_end:
-        pieces.append(text_columns([tokenizer.im_end_id], num_codebooks))
-    return torch.cat(pieces, dim=1)
+        pieces.append(_text_array([tokenizer.im_end_id], num_codebooks))
+    return np.concatenate(pieces, axis=1)
 
 
-def _encode_part(tokenizer: FishTokenizer, part: MessagePart, num_codebooks: int) -> torch.Tensor:
+def _part_array(tokenizer: FishTokenizer, part: MessagePart, num_codebooks: int) -> np.ndarray:
     if isinstance(part, str):
-        return text_columns(tokenizer.encode(part), num_codebooks)
+        return _text_array(tokenizer.encode(part), num_codebooks)
     if part.ndim != 2 or part.shape[0] < num_codebooks:
         raise ValueError(f"codes must have shape (>= {num_codebooks}, T), got {tuple(part.shape)}")
-    return frames_to_columns(part[:num_codebooks], tokenizer.semantic_begin_id)
+    return frames_to_columns(part[:num_codebooks], tokenizer.semantic_begin_id).numpy()
 
 
 def system_message(tokenizer: FishTokenizer, num_codebooks: int) -> torch.Tensor:
-    """``<|im_start|>system\\nSpeak out the provided text.<|im_end|>`` (§3.3), int64 (1+nc, T)."""
-    return encode_message(tokenizer, "system", [SYSTEM_PROMPT], num_codebooks)
+    """``<|im_start|>system\\nSpeak out the provided text.<|im_end|>`` (§3.3), int64 (1+nc, T).
+
+    Encoded once per tokenizer and `num_codebooks` (every request needs at least its length);
+    each call returns a new tensor.
+    """
+    return torch.from_numpy(_system_array(tokenizer, num_codebooks).copy())
+
+
+@functools.lru_cache(maxsize=16)
+def _system_array(tokenizer: FishTokenizer, num_codebooks: int) -> np.ndarray:
+    """The system message's columns (read-only: shared by every caller)."""
+    array = _message_array(tokenizer, "system", [SYSTEM_PROMPT], num_codebooks)
+    array.flags.writeable = False
+    return array
 
 
 def reference_turn(
@@ -140,9 +175,9 @@ def reference_turn(
     Raises:
         ValueError: ``reference.codes`` is not ``(>= num_codebooks, T)`` with codes in [0, 1024).
     """
-    user = encode_message(tokenizer, "user", [clean_text(reference.text)], num_codebooks)
-    voice = encode_message(tokenizer, "assistant", [VOICE, reference.codes], num_codebooks)
-    return torch.cat([user, voice], dim=1)
+    user = _message_array(tokenizer, "user", [clean_text(reference.text)], num_codebooks)
+    voice = _message_array(tokenizer, "assistant", [VOICE, reference.codes], num_codebooks)
+    return torch.from_numpy(np.concatenate([user, voice], axis=1))
 
 
 def reference_prefix(
@@ -158,8 +193,7 @@ def reference_prefix(
         ValueError: a reference's codes have a bad shape or values; ``num_codebooks < 1``.
     """
     if not references:
-        _check_num_codebooks(num_codebooks)
-        return torch.zeros((1 + num_codebooks, 0), dtype=torch.long)
+        return torch.from_numpy(_text_array([], num_codebooks))
     pieces = [system_message(tokenizer, num_codebooks)]
     pieces += [reference_turn(tokenizer, ref, num_codebooks) for ref in references]
     return torch.cat(pieces, dim=1)
@@ -175,7 +209,7 @@ def prefix_budget_length(
     Raises:
         ValueError: as :func:`reference_prefix`.
     """
-    length = system_message(tokenizer, num_codebooks).shape[1]
+    length = _system_array(tokenizer, num_codebooks).shape[1]
     return length + sum(reference_turn(tokenizer, r, num_codebooks).shape[1] for r in references)
 
 
@@ -192,9 +226,9 @@ def user_turn(tokenizer: FishTokenizer, text: str, num_codebooks: int) -> torch.
         TypeError: ``text`` is not a ``str``.
         ValueError: ``num_codebooks < 1``.
     """
-    user = encode_message(tokenizer, "user", [clean_text(text)], num_codebooks)
-    assistant = encode_message(tokenizer, "assistant", [VOICE], num_codebooks, add_end=False)
-    return torch.cat([user, assistant], dim=1)
+    user = _message_array(tokenizer, "user", [clean_text(text)], num_codebooks)
+    assistant = _message_array(tokenizer, "assistant", [VOICE], num_codebooks, add_end=False)
+    return torch.from_numpy(np.concatenate([user, assistant], axis=1))
 
 
 def select_history_indices(
@@ -295,6 +329,8 @@ def build_prompt(prefix: torch.Tensor, kept_history: Sequence[torch.Tensor]) -> 
         raise ValueError(
             f"prompt pieces must be 2-D with equal rows, got {[p.shape for p in pieces]}"
         )
+    if len(pieces) == 1 or all(p.dtype == torch.long for p in pieces):  # no casts to call
+        return pieces[0].clone() if len(pieces) == 1 else torch.cat(pieces, dim=1)
     return torch.cat([p.to(torch.long) for p in pieces], dim=1)
 
 

@@ -95,6 +95,11 @@ class ServerConfig(BaseModel):
     # A thread in the engine's process that measures how long a thread waits for the GIL
     # (GilProbe; fishserve:gil_wait_seconds_total over fishserve:gil_probe_wakeups_total).
     gil_probe: bool = True
+    # Seconds between full (generation-2) garbage collections at most, in each server
+    # process: CPython's own are held off (each walked every live per-stream object, 50-140 ms
+    # at ~700 streams, with the GIL held) and run when the process is idle or after this
+    # long (gc_control.DeferredFullCollections); 0: CPython's automatic collections.
+    gc_full_interval: float = Field(600.0, ge=0, le=86400, allow_inf_nan=False)
     default_max_new_tokens: int | None = Field(None, ge=2, le=8192)
     # audio
     first_chunk_frames: int = Field(10, ge=1)

@@ -29,6 +29,7 @@ from fishserve.engine.async_engine import EngineDeadError
 from fishserve.engine.engine import EngineStats, GenerationRequest
 from fishserve.server.config import ServerConfig
 from fishserve.server.engine_core import POLL_S, Sender, core_main
+from fishserve.server.gc_control import FULL_COLLECTIONS
 from fishserve.server.pipeline import AudioChunk, within
 from fishserve.server.runtime import RuntimeInfo, RuntimeStatus
 
@@ -175,6 +176,11 @@ class RemoteRuntime:
             engine.waiting, engine.running, self.info.max_num_seqs, self._sent_since_status
         )
 
+    def idle(self) -> bool:
+        """Whether no request of this process is waiting for the core's messages."""
+        with self._lock:
+            return not self._mailboxes
+
     def needs_restart(self) -> bool:
         """True when the core process is gone, or says its engine thread stopped."""
         return self._dead or not self.process.is_alive() or not self._status.alive
@@ -239,8 +245,10 @@ class RemoteRuntime:
             self._close(rid, cancel=not done)
 
     def shutdown(self) -> None:
-        """Stop the core (it finishes nothing further) and fail whatever still waits."""
+        """Stop the core (it finishes nothing further) and fail whatever still waits; full
+        garbage collections of this process go back to CPython."""
         self._stopping = True
+        FULL_COLLECTIONS.stop()
         atexit.unregister(self.shutdown)
         if self.process.is_alive():
             self._inbox.put(("shutdown",))

@@ -9,20 +9,48 @@ seconds (docs/benchmarks.md §6.5). `gc.freeze()` after loading moves everything
 then into a permanent generation that collections skip (the remedy the Python documentation
 gives for this, and what vLLM does after start-up); objects made while serving are still
 collected as usual. `GcPauseLog` reports the collections that still take long.
+
+Full collections while serving (`DeferredFullCollections`). Freezing is not enough at ~700
+streams: on the H200 the engine's process still ran a generation-2 collection every ~5 s,
+each 52-70 ms (the HTTP process's 125-141 ms), and none of them found garbage (docs/benchmarks.md
+§6.27). CPython starts one after every `threshold2` (10) generation-1 collections once the
+objects that survived into the oldest generation have grown by a quarter; after a freeze that
+generation starts nearly empty, so every few thousand surviving per-stream objects start one,
+and each holds the GIL: every stream's next frame and audio wait. So the server raises
+`threshold2` out of reach and runs full collections itself: when the process is idle (at most
+every `MIN_IDLE_GAP_S`), and in any case every `max_interval_s`, so that cyclic garbage that
+outlived the younger generations is still freed. Younger generations are collected as usual
+(they are small and fast).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 SLOW_PAUSE_S = 0.05  # a collection longer than this (seconds) is logged as a warning
 
-__all__ = ["GC_PAUSES", "GcPauseLog", "freeze_after_startup"]
+# A generation-2 threshold CPython never reaches: it counts generation-1 collections (about
+# one per second under load), so automatic full collections stop.
+NO_AUTO_FULL = 2**31 - 1  # (a C int)
+MIN_IDLE_GAP_S = 30.0  # an idle process runs a full collection at most this often (seconds)
+POLL_S = 1.0  # how often the collector thread checks whether one is due (seconds)
+
+__all__ = [
+    "FULL_COLLECTIONS",
+    "GC_PAUSES",
+    "DeferredFullCollections",
+    "GcPauseLog",
+    "freeze_after_startup",
+    "no_automatic_full_collections",
+]
 
 
 def freeze_after_startup() -> int:
@@ -86,3 +114,108 @@ class GcPauseLog:
 
 
 GC_PAUSES = GcPauseLog()  # the process's log (installed by the server at start-up)
+
+
+@contextlib.contextmanager
+def no_automatic_full_collections() -> Iterator[None]:
+    """Within the block CPython starts no generation-2 collection by itself (younger ones run as
+    usual); the thresholds are restored on exit."""
+    saved = gc.get_threshold()
+    gc.set_threshold(saved[0], saved[1] if len(saved) > 1 else 10, NO_AUTO_FULL)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*saved)
+
+
+class DeferredFullCollections:
+    """Generation-2 collections when the process is idle, or every `max_interval_s` (module
+    docstring); one per process (`FULL_COLLECTIONS`).
+
+    Args:
+        poll_s: seconds between the collector thread's checks.
+        min_idle_gap_s: seconds between two collections of an idle process at least.
+
+    Attributes:
+        collections: full collections run by this object; last: ``time.monotonic()`` of the
+        last one (or of `start`).
+    """
+
+    def __init__(self, poll_s: float = POLL_S, min_idle_gap_s: float = MIN_IDLE_GAP_S) -> None:
+        self.poll_s, self.min_idle_gap_s = poll_s, min_idle_gap_s
+        self.max_interval_s = 0.0
+        self.collections = 0
+        self.last = time.monotonic()
+        self._idle: Callable[[], bool] = lambda: True
+        self._lock = threading.Lock()
+        self._saved: tuple[int, ...] | None = None  # thresholds before `start`
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether automatic full collections are held off by this object."""
+        return self._saved is not None
+
+    def start(self, idle: Callable[[], bool], max_interval_s: float) -> None:
+        """Hold off CPython's own full collections and run them from a daemon thread: when
+        `idle()` (True when the process serves nothing; an exception counts as busy) and at
+        least `min_idle_gap_s` after the last, or `max_interval_s` after the last in any case.
+        Called again, it takes the new `idle` and interval. `max_interval_s` <= 0: CPython's
+        own collections (`stop`).
+        """
+        if max_interval_s <= 0:
+            self.stop()
+            return
+        with self._lock:
+            self._idle, self.max_interval_s = idle, max_interval_s
+            if self._saved is None:
+                self._saved = gc.get_threshold()
+                gc.set_threshold(self._saved[0], self._saved[1], NO_AUTO_FULL)
+                self.last = time.monotonic()
+            if self._thread is None or not self._thread.is_alive():
+                self._stop = threading.Event()
+                self._thread = threading.Thread(
+                    target=self._loop, args=(self._stop,), name="fishserve-gc", daemon=True
+                )
+                self._thread.start()
+
+    def stop(self) -> None:
+        """Give full collections back to CPython (thresholds as before `start`)."""
+        with self._lock:
+            self._stop.set()
+            if self._saved is not None:
+                gc.set_threshold(*self._saved)
+                self._saved = None
+            thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self.poll_s + 1)
+
+    def due(self, now: float) -> bool:
+        """Whether a full collection should run at monotonic time `now`: the interval has
+        passed, or the process is idle, the idle gap has passed and generation-1 collections
+        ran since the last one (something may have reached the oldest generation)."""
+        since = now - self.last
+        if since >= self.max_interval_s:
+            return True
+        if since < self.min_idle_gap_s or gc.get_count()[2] == 0:
+            return False
+        try:
+            return bool(self._idle())
+        except Exception:  # a half-built or stopped runtime: not idle
+            return False
+
+    def collect(self) -> int:
+        """Run a full collection now; returns how many objects it found unreachable."""
+        found = gc.collect(2)
+        self.collections += 1
+        self.last = time.monotonic()
+        return found
+
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self.poll_s):
+            if self.due(time.monotonic()):
+                self.collect()
+
+
+FULL_COLLECTIONS = DeferredFullCollections()  # the process's (started by the server)

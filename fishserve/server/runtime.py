@@ -45,7 +45,7 @@ from fishserve.models.firefly import FireflyGenerator
 from fishserve.models.loading import load_text2semantic, resolve_device, resolve_dtype
 from fishserve.server.config import ServerConfig, check_model_files
 from fishserve.server.decode_worker import DecodeWorker
-from fishserve.server.gc_control import GC_PAUSES, freeze_after_startup
+from fishserve.server.gc_control import FULL_COLLECTIONS, GC_PAUSES, freeze_after_startup
 from fishserve.server.gil_probe import GilProbe
 from fishserve.server.pipeline import EARLY_CHUNK_S, AudioChunk, synthesize
 from fishserve.synthesis import load_decoder
@@ -255,8 +255,15 @@ class Runtime:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.reference_pool, self.references.encode, audio)
 
+    def idle(self) -> bool:
+        """Whether the engine has nothing running or waiting (as of its last step)."""
+        stats = self.engine.stats()
+        return stats.running == 0 and stats.waiting == 0 and self.engine.pending() == 0
+
     def shutdown(self) -> None:
-        """Stop both threads (and the GIL probe)."""
+        """Stop both threads (and the GIL probe); full garbage collections go back to
+        CPython."""
+        FULL_COLLECTIONS.stop()
         self.engine.shutdown()
         self.decode_worker.shutdown()
         self.reference_pool.shutdown(wait=False, cancel_futures=True)
@@ -417,6 +424,7 @@ def build_runtime(config: ServerConfig) -> ServingRuntime:
         remote = start_remote_runtime(config)
         freeze_after_startup()  # the HTTP process's own start-up objects
         GC_PAUSES.install()
+        FULL_COLLECTIONS.start(remote.idle, config.gc_full_interval)
         return remote
     return build_local_runtime(config)
 
@@ -565,6 +573,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
     )
     freeze_after_startup()  # before the threads start: nothing of theirs is frozen in passing
     GC_PAUSES.install()
+    FULL_COLLECTIONS.start(runtime.idle, config.gc_full_interval)
     runtime.engine.start()
     runtime.decode_worker.start()
     if config.gil_probe:

@@ -76,3 +76,25 @@ def test_poisson_runs_open_loop_and_respects_max_inflight():
     records = asyncio.run(run_poisson(plan, server.send, lambda r: None, seed=0, max_inflight=4))
     assert sorted(r.index for r in records) == list(range(12))
     assert server.most_open == 4
+
+
+def test_quiet_collector_holds_full_collections_off_for_a_level_and_collects_after() -> None:
+    import gc
+    import weakref
+
+    from fishserve.bench.shares import quiet_collector
+    from fishserve.server.gc_control import NO_AUTO_FULL
+
+    class Node:
+        pass
+
+    saved = gc.get_threshold()
+    with quiet_collector():
+        assert gc.get_threshold()[2] == NO_AUTO_FULL
+        assert gc.get_freeze_count() > 0  # what existed before the level is not walked
+        node = Node()
+        node.self = node  # garbage only the collector can free, made during the level
+        probe = weakref.ref(node)
+        del node
+    assert probe() is None  # collected after the level
+    assert gc.get_threshold() == saved and gc.get_freeze_count() == 0

@@ -158,3 +158,22 @@ def test_every_server_rate_has_its_level_summary_field():
 
     summary_fields = {f.name for f in fields(LevelSummary)}
     assert {f.name for f in fields(ServerRates)} <= summary_fields
+
+
+def test_verdict_warns_when_the_host_slowed_down_between_levels():
+    from fishserve.bench.report import BenchReport, capacity_lines, host_lines
+
+    def probed(n: int, before: float | None, after: float | None):
+        summary = level(n, 0.2, 0.5)
+        summary.host_probe_ms, summary.host_probe_after_ms = before, after
+        return summary
+
+    steady = [probed(64, 5.0, 5.4), probed(128, 5.2, 6.0)]
+    assert host_lines(steady) == []  # within 1.3x of the fastest: one host
+    assert host_lines([probed(64, None, None)]) == []  # not taken (an old report)
+    slowed = [probed(64, 5.0, 5.2), probed(128, 5.1, 9.8), probed(256, 11.0, 12.0)]
+    (line,) = host_lines(slowed)
+    assert "host speed changed" in line and "5.0 to 12.0 ms" in line
+    assert "around 128, 256" in line and "64," not in line
+    verdict = capacity_lines(BenchReport({"mode": "concurrency"}, slowed, [], []))
+    assert verdict[-1] == line

@@ -221,3 +221,37 @@ def test_select_history_properties(lengths: list[int], budget: int, exact: bool)
     for n_k in reversed([lengths[j] for j in suffix]):
         count += n_k
         assert count + n_k <= budget or i == 0  # every kept item passed the walk's test
+
+
+def test_a_prompt_is_built_with_few_pytorch_calls() -> None:
+    """Every PyTorch call releases and re-takes the GIL, ~0.5 ms each in the engine's busy
+    process (docs/benchmarks.md §6.27): a request's prompt is built in NumPy instead."""
+    from torch.overrides import TorchFunctionMode
+
+    class Count(TorchFunctionMode):
+        calls: list[str]
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", str(func))
+            if name != "__get__":  # attribute reads (.shape, .dtype) release nothing
+                self.calls.append(name)
+            return func(*args, **(kwargs or {}))
+
+    tok = _tok()
+    prefix_budget_length(tok, [], NC)  # the system message is encoded once per tokenizer
+    counter = Count()
+    counter.calls = []
+    with counter:
+        prefix = reference_prefix(tok, [], NC)
+        budget = prefix_budget_length(tok, [], NC)
+        prompt = build_prompt(prefix, [user_turn(tok, "Hello there, a test.", NC)])
+    assert len(counter.calls) <= 2, counter.calls  # the final concatenation, at most
+    assert budget == system_message(tok, NC).shape[1] and prompt.shape[0] == 1 + NC
+
+
+def test_system_message_is_cached_but_each_call_returns_a_new_tensor() -> None:
+    tok = _tok()
+    first, second = system_message(tok, NC), system_message(tok, NC)
+    assert torch.equal(first, second) and first.data_ptr() != second.data_ptr()
+    first[0, 0] = -1  # a caller may write into its copy...
+    assert torch.equal(system_message(tok, NC), second)  # ...without touching the cache

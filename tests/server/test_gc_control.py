@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import gc
 import logging
+import time
 import weakref
 
 import pytest
 
-from fishserve.server.gc_control import GcPauseLog, freeze_after_startup
+from fishserve.server.gc_control import (
+    NO_AUTO_FULL,
+    DeferredFullCollections,
+    GcPauseLog,
+    freeze_after_startup,
+    no_automatic_full_collections,
+)
 
 
 @pytest.fixture
@@ -64,3 +71,97 @@ def test_a_second_freeze_collects_what_the_first_froze_and_has_died(unfrozen) ->
     assert probe() is not None  # frozen: ordinary collections skip it
     freeze_after_startup()  # the next load
     assert probe() is None
+
+
+@pytest.fixture
+def thresholds():
+    saved = gc.get_threshold()
+    yield saved
+    gc.set_threshold(*saved)
+
+
+class _Node:
+    self: _Node
+
+
+def _old_cycle() -> weakref.ref:
+    """A reference cycle that reached the oldest generation, then became unreachable (only a
+    full collection frees it); its weak reference."""
+    node = _Node()
+    node.self = node
+    gc.collect(1)  # survives into the oldest generation
+    return weakref.ref(node)
+
+
+def test_no_automatic_full_collections_holds_off_generation_2_and_restores(thresholds) -> None:
+    with no_automatic_full_collections():
+        assert gc.get_threshold()[:2] == thresholds[:2]
+        assert gc.get_threshold()[2] == NO_AUTO_FULL
+    assert gc.get_threshold() == thresholds
+
+
+def test_deferred_collections_hold_off_cpython_and_give_it_back(thresholds) -> None:
+    full = DeferredFullCollections(poll_s=60)
+    full.start(lambda: False, max_interval_s=600)
+    try:
+        assert full.active and gc.get_threshold()[2] == NO_AUTO_FULL
+        full.start(lambda: True, max_interval_s=300)  # again: new settings, one thread
+        assert full.max_interval_s == 300 and gc.get_threshold()[2] == NO_AUTO_FULL
+    finally:
+        full.stop()
+    assert not full.active and gc.get_threshold() == thresholds
+    full.start(lambda: True, max_interval_s=0)  # 0: CPython's own collections
+    assert not full.active and gc.get_threshold() == thresholds
+
+
+def test_a_full_collection_is_due_when_idle_after_the_gap_or_after_the_interval(
+    thresholds,
+) -> None:
+    idle = [False]
+    full = DeferredFullCollections(poll_s=60, min_idle_gap_s=30)
+    full.start(lambda: idle[0], max_interval_s=600)
+    try:
+        t0 = full.last
+        gc.collect(1)  # something may have reached the oldest generation
+        assert not full.due(t0 + 100)  # busy, before the interval
+        idle[0] = True
+        assert not full.due(t0 + 10)  # idle, but within the gap
+        assert full.due(t0 + 100)  # idle after the gap
+        idle[0] = False
+        assert full.due(t0 + 601)  # busy, but the interval has passed
+    finally:
+        full.stop()
+
+
+def test_an_idle_check_that_raises_counts_as_busy(thresholds) -> None:
+    def broken() -> bool:
+        raise RuntimeError("runtime gone")
+
+    full = DeferredFullCollections(poll_s=60, min_idle_gap_s=0)
+    full.start(broken, max_interval_s=600)
+    try:
+        gc.collect(1)
+        assert not full.due(full.last + 1)
+    finally:
+        full.stop()
+
+
+def test_the_collector_thread_frees_old_cycles_when_the_process_is_idle(thresholds) -> None:
+    full = DeferredFullCollections(poll_s=0.01, min_idle_gap_s=0)
+    gc.disable()  # only explicit collections from here: the thread's, and the one below
+    try:
+        full.start(lambda: False, max_interval_s=600)
+        probe = _old_cycle()
+        gc.collect(1)  # a younger collection does not free it
+        assert probe() is not None
+        time.sleep(0.1)  # busy: the thread leaves it alone
+        assert probe() is not None and full.collections == 0
+        full.start(lambda: True, max_interval_s=600)  # now idle
+        for _ in range(500):
+            if full.collections:
+                break
+            time.sleep(0.01)
+        assert full.collections >= 1 and probe() is None
+    finally:
+        full.stop()
+        gc.enable()
