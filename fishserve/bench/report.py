@@ -195,29 +195,51 @@ def steady_lines(levels: list[LevelSummary]) -> list[str]:
 # A host probe this much slower than the run's fastest marks the host as changed (the probe
 # itself varies by ~10% between runs on one machine; leases varied 5-12 ms, §6.25-§6.27).
 HOST_CHANGE = 1.3
+# A level during which the hypervisor took more than this share of the CPUs is flagged.
+STEAL_WARN = 0.05
 
 
 def host_lines(levels: list[LevelSummary]) -> list[str]:
     """A warning when the host probes taken around the levels (`LevelSummary.host_probe_ms`,
     `host_probe_after_ms`) differ by more than `HOST_CHANGE` x: the machine's CPU speed
-    changed during the run, and with it what the server's host work allows."""
+    changed during the run, and with it what the server's host work allows; then
+    `steal_lines`."""
     probes = [
         (s.level, p)
         for s in levels
         for p in (s.host_probe_ms, s.host_probe_after_ms)
         if p is not None and p > 0
     ]
+    lines = steal_lines(levels)
     if not probes:
-        return []
+        return lines
     fast, slow = min(p for _, p in probes), max(p for _, p in probes)
     if slow <= HOST_CHANGE * fast:
-        return []
+        return lines
     slowed = sorted({level for level, p in probes if p > HOST_CHANGE * fast})
     return [
         f"- **host speed changed during the run**: host probe {fast:.1f} to {slow:.1f} ms "
         f"(higher is slower), slowest around {', '.join(f'{x:g}' for x in slowed)}: with the "
         "server's host work on this machine, those levels ran on a slower CPU than the others; "
-        "compare them only with runs at a like probe (each level's probes are in bench.json)"
+        "compare them only with runs at a like probe (each level's probes are in bench.json)",
+        *lines,
+    ]
+
+
+def steal_lines(levels: list[LevelSummary]) -> list[str]:
+    """A warning naming the levels during which the hypervisor took more than `STEAL_WARN`
+    of this (virtual) machine's CPU time (`LevelSummary.cpu_steal`)."""
+    stolen = [
+        f"{s.level:g} ({100 * s.cpu_steal:.0f}%)"
+        for s in levels
+        if s.cpu_steal is not None and s.cpu_steal > STEAL_WARN
+    ]
+    if not stolen:
+        return []
+    return [
+        f"- **CPU time taken by the hypervisor** during {', '.join(stolen)}: this virtual "
+        "machine's CPUs ran other guests' work then, so the server's (and the load "
+        "generator's) host work ran slower than the machine can"
     ]
 
 

@@ -30,6 +30,7 @@ from rich.progress import (
 
 import fishserve
 from fishserve.bench.client import RequestRecord, Target, open_clients
+from fishserve.bench.cpu_times import cpu_shares, read_cpu_times
 from fishserve.bench.load import DoneFn
 from fishserve.bench.memory import MemoryMonitor, MemorySource, read_health
 from fishserve.bench.plots import PLOT_NAMES, remove_stale, write_plots
@@ -188,6 +189,7 @@ class BenchRun:
 
         self.monitor.level = level
         probe = host_probe_ms()  # between levels: the load would slow it
+        cpu = read_cpu_times()
         counters, started = await read_counters(self.client, opts.url), time.perf_counter()
         if self.pool is not None:
             records = await self.send_from_pool(level, done)
@@ -203,6 +205,8 @@ class BenchRun:
         server = rates(counters, await read_counters(self.client, opts.url), elapsed)
         for rate in fields(server):  # LevelSummary has a field of each name
             setattr(summary, rate.name, getattr(server, rate.name))
+        shares = cpu_shares(cpu, read_cpu_times())
+        summary.cpu_busy, summary.cpu_steal = shares if shares is not None else (None, None)
         summary.host_probe_ms, summary.host_probe_after_ms = probe, host_probe_ms()
         return summary, records
 

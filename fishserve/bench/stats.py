@@ -62,6 +62,9 @@ class LevelSummary:
             (`fishserve.host_probe`, ms, higher is slower) right before and right after the
             level: with the server on the same machine, a host that slowed down during a run
             makes its levels incomparable (docs/benchmarks.md §6.27). None: not taken.
+        cpu_busy, cpu_steal: shares of the load generator's machine's CPU time (all CPUs)
+            that were busy, and that the hypervisor took from this (virtual) machine, over the
+            level (`fishserve.bench.cpu_times`); None where /proc/stat cannot be read.
     """
 
     level: float
@@ -97,6 +100,8 @@ class LevelSummary:
     ttfa_halves_n: tuple[int, int] | None = None
     host_probe_ms: float | None = None
     host_probe_after_ms: float | None = None
+    cpu_busy: float | None = None
+    cpu_steal: float | None = None
 
 
 # Issue 8's capacity criteria: every stream real time without gaps, TTFA p99 within 300 ms;

@@ -177,3 +177,14 @@ def test_verdict_warns_when_the_host_slowed_down_between_levels():
     assert "around 128, 256" in line and "64," not in line
     verdict = capacity_lines(BenchReport({"mode": "concurrency"}, slowed, [], []))
     assert verdict[-1] == line
+
+
+def test_verdict_names_the_levels_whose_cpu_the_hypervisor_took():
+    from fishserve.bench.report import host_lines
+
+    quiet, stolen = level(64, 0.2, 0.5), level(128, 0.2, 0.5)
+    quiet.cpu_steal, stolen.cpu_steal = 0.01, 0.22
+    (line,) = host_lines([quiet, stolen])
+    assert "hypervisor" in line and "128 (22%)" in line and "64 (" not in line
+    stolen.cpu_steal = None  # /proc/stat unreadable
+    assert host_lines([quiet, stolen]) == []
