@@ -123,15 +123,19 @@ def quiet_collector() -> Iterator[None]:
     processes at 350 streams each, 66-78 ms (docs/benchmarks.md §6.27), during which no chunk
     is read and every stream's arrival times are late by as much: a stall the server did not
     cause. What exists before the level is frozen (never walked); the younger generations are
-    collected as usual during it, and everything after it.
+    collected as usual during it, and everything after it. A process that froze objects
+    already (a server's start-up freeze) keeps its freeze: nothing is frozen or unfrozen then.
     """
-    gc.collect()
-    gc.freeze()
+    ours = gc.get_freeze_count() == 0
+    if ours:
+        gc.collect()
+        gc.freeze()
     try:
         with no_automatic_full_collections():
             yield
     finally:
-        gc.unfreeze()
+        if ours:
+            gc.unfreeze()
         gc.collect()
 
 

@@ -15,7 +15,7 @@ where the chunk user turn is the last item of the history list (see :func:`selec
 
 from __future__ import annotations
 
-import functools
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -153,12 +153,25 @@ def system_message(tokenizer: FishTokenizer, num_codebooks: int) -> torch.Tensor
     return torch.from_numpy(_system_array(tokenizer, num_codebooks).copy())
 
 
-@functools.lru_cache(maxsize=16)
 def _system_array(tokenizer: FishTokenizer, num_codebooks: int) -> np.ndarray:
-    """The system message's columns (read-only: shared by every caller)."""
-    array = _message_array(tokenizer, "system", [SYSTEM_PROMPT], num_codebooks)
-    array.flags.writeable = False
+    """The system message's columns, read-only and shared by every caller; encoded once per
+    tokenizer (held weakly: a tokenizer of an unloaded model is freed with it) and
+    `num_codebooks`."""
+    per_tokenizer = _SYSTEM.get(tokenizer)
+    if per_tokenizer is None:
+        per_tokenizer = _SYSTEM.setdefault(tokenizer, {})
+    array = per_tokenizer.get(num_codebooks)
+    if array is None:
+        owner = _message_array(tokenizer, "system", [SYSTEM_PROMPT], num_codebooks)
+        owner.flags.writeable = False
+        array = owner[:]  # a view of a read-only array cannot be made writeable again
+        per_tokenizer[num_codebooks] = array
     return array
+
+
+_SYSTEM: weakref.WeakKeyDictionary[FishTokenizer, dict[int, np.ndarray]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def reference_turn(
@@ -329,8 +342,8 @@ def build_prompt(prefix: torch.Tensor, kept_history: Sequence[torch.Tensor]) -> 
         raise ValueError(
             f"prompt pieces must be 2-D with equal rows, got {[p.shape for p in pieces]}"
         )
-    if len(pieces) == 1 or all(p.dtype == torch.long for p in pieces):  # no casts to call
-        return pieces[0].clone() if len(pieces) == 1 else torch.cat(pieces, dim=1)
+    if len(pieces) > 1 and all(p.dtype == torch.long for p in pieces):  # no casts to call
+        return torch.cat(pieces, dim=1)
     return torch.cat([p.to(torch.long) for p in pieces], dim=1)
 
 

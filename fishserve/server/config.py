@@ -30,6 +30,7 @@ from pydantic import (
 from fishserve.engine.profiler_env import ENV_VARS as STEP_PROFILER_ENV_VARS
 from fishserve.engine.sizes import parse_memory_size
 from fishserve.models.config import check_checkpoint_folder, check_decoder_in
+from fishserve.server.gc_control import MIN_FULL_INTERVAL_S
 
 log = logging.getLogger(__name__)
 ENV_PREFIX = "FISHSERVE_"
@@ -98,7 +99,8 @@ class ServerConfig(BaseModel):
     # Seconds between full (generation-2) garbage collections at most, in each server
     # process: CPython's own are held off (each walked every live per-stream object, 50-140 ms
     # at ~700 streams, with the GIL held) and run when the process is idle or after this
-    # long (gc_control.DeferredFullCollections); 0: CPython's automatic collections.
+    # long (gc_control.DeferredFullCollections); 0: CPython's automatic collections;
+    # otherwise at least MIN_FULL_INTERVAL_S.
     gc_full_interval: float = Field(600.0, ge=0, le=86400, allow_inf_nan=False)
     default_max_new_tokens: int | None = Field(None, ge=2, le=8192)
     # audio
@@ -217,6 +219,18 @@ class ServerConfig(BaseModel):
         character could never be matched."""
         if value is not None and not all("!" <= c <= "~" for c in value):
             raise ValueError("use printable ASCII without spaces (it is sent in an HTTP header)")
+        return value
+
+    @field_validator("gc_full_interval")
+    @classmethod
+    def _full_interval(cls, value: float) -> float:
+        """Below `MIN_FULL_INTERVAL_S` the held-off collections would run more often than
+        CPython's own (every poll of the collector thread)."""
+        if 0 < value < MIN_FULL_INTERVAL_S:
+            raise ValueError(
+                f"give 0 (CPython's automatic collections) or at least {MIN_FULL_INTERVAL_S:g} "
+                "seconds"
+            )
         return value
 
     @field_validator("max_num_batched_tokens")

@@ -134,6 +134,7 @@ class DecodeWorker:
         overlaps = runner.launches_async
         self.depth = MAX_IN_FLIGHT if pipeline and gpu_turns is None and overlaps else 1
         self._inflight: deque[_Call] = deque()  # launched calls, oldest first
+        self._launching = False  # a call's jobs are out of the heap and not yet in flight
         self._inbox: queue.SimpleQueue[_Item | _Wake | None] = queue.SimpleQueue()
         # Pipelined: a second thread waits for each launched call's GPU work and wakes the
         # worker through its inbox, so the worker waits for "a job arrived or a call ended".
@@ -158,6 +159,12 @@ class DecodeWorker:
     def calls(self) -> int:
         """Decoder calls made."""
         return self.runner.calls
+
+    @property
+    def has_work(self) -> bool:
+        """Whether a chunk is queued or being decoded (read from any thread: a snapshot)."""
+        queued = self._heap or not self._inbox.empty()
+        return bool(queued or self._launching or self._inflight)
 
     @property
     def lag_seconds(self) -> float:
@@ -315,7 +322,11 @@ class DecodeWorker:
         """Launch the next call from the queue (in the GPU turn); True on the stop sentinel."""
         with self._turn():
             stopping = self._drain()  # what arrived during the wait competes too
-            self._launch(self._take_batch())
+            self._launching = True  # between the heap and `_inflight` (`has_work`)
+            try:
+                self._launch(self._take_batch())
+            finally:
+                self._launching = False
             if self.gpu_turns is not None and self._inflight:  # the turn covers the GPU work
                 with contextlib.suppress(Exception):  # `_finish` sees it again in `result`
                     self._inflight[-1][0].wait_gpu()

@@ -20,7 +20,9 @@ and each holds the GIL: every stream's next frame and audio wait. So the server 
 `threshold2` out of reach and runs full collections itself: when the process is idle (at most
 every `MIN_IDLE_GAP_S`), and in any case every `max_interval_s`, so that cyclic garbage that
 outlived the younger generations is still freed. Younger generations are collected as usual
-(they are small and fast).
+(they are small and fast). Where CPython ignores `threshold2` (the incremental collector of
+3.14, free-threaded builds), its full collections are not held off; the idle and interval
+collections then only add to them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import gc
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -41,11 +44,14 @@ SLOW_PAUSE_S = 0.05  # a collection longer than this (seconds) is logged as a wa
 # one per second under load), so automatic full collections stop.
 NO_AUTO_FULL = 2**31 - 1  # (a C int)
 MIN_IDLE_GAP_S = 30.0  # an idle process runs a full collection at most this often (seconds)
+MIN_FULL_INTERVAL_S = 10.0  # the shortest `max_interval_s` the server accepts (seconds)
+CPYTHON_THRESHOLD2 = 10  # CPython's default generation-2 threshold
 POLL_S = 1.0  # how often the collector thread checks whether one is due (seconds)
 
 __all__ = [
     "FULL_COLLECTIONS",
     "GC_PAUSES",
+    "MIN_FULL_INTERVAL_S",
     "DeferredFullCollections",
     "GcPauseLog",
     "freeze_after_startup",
@@ -119,13 +125,15 @@ GC_PAUSES = GcPauseLog()  # the process's log (installed by the server at start-
 @contextlib.contextmanager
 def no_automatic_full_collections() -> Iterator[None]:
     """Within the block CPython starts no generation-2 collection by itself (younger ones run as
-    usual); the thresholds are restored on exit."""
+    usual); the thresholds are restored on exit, except the generation-2 one while the
+    process's `FULL_COLLECTIONS` holds full collections off (it restores that one itself)."""
     saved = gc.get_threshold()
-    gc.set_threshold(saved[0], saved[1] if len(saved) > 1 else 10, NO_AUTO_FULL)
+    gc.set_threshold(saved[0], saved[1], NO_AUTO_FULL)
     try:
         yield
     finally:
-        gc.set_threshold(*saved)
+        third = NO_AUTO_FULL if FULL_COLLECTIONS.active else saved[2]
+        gc.set_threshold(saved[0], saved[1], third)
 
 
 class DeferredFullCollections:
@@ -146,7 +154,7 @@ class DeferredFullCollections:
         self.max_interval_s = 0.0
         self.collections = 0
         self.last = time.monotonic()
-        self._idle: Callable[[], bool] = lambda: True
+        self._idle: Callable[[], Callable[[], bool] | None] = _no_check
         self._lock = threading.Lock()
         self._saved: tuple[int, ...] | None = None  # thresholds before `start`
         self._stop = threading.Event()
@@ -162,16 +170,19 @@ class DeferredFullCollections:
         `idle()` (True when the process serves nothing; an exception counts as busy) and at
         least `min_idle_gap_s` after the last, or `max_interval_s` after the last in any case.
         Called again, it takes the new `idle` and interval. `max_interval_s` <= 0: CPython's
-        own collections (`stop`).
+        own collections (`stop`). A bound method is held weakly (this process-wide object
+        must not keep a stopped runtime and its models alive); once its object is gone, the
+        process counts as idle.
         """
         if max_interval_s <= 0:
             self.stop()
             return
         with self._lock:
-            self._idle, self.max_interval_s = idle, max_interval_s
+            self._idle, self.max_interval_s = _weak(idle), max_interval_s
             if self._saved is None:
-                self._saved = gc.get_threshold()
-                gc.set_threshold(self._saved[0], self._saved[1], NO_AUTO_FULL)
+                t0, t1, t2 = gc.get_threshold()
+                self._saved = (t0, t1, CPYTHON_THRESHOLD2 if t2 == NO_AUTO_FULL else t2)
+                gc.set_threshold(t0, t1, NO_AUTO_FULL)
                 self.last = time.monotonic()
             if self._thread is None or not self._thread.is_alive():
                 self._stop = threading.Event()
@@ -184,6 +195,7 @@ class DeferredFullCollections:
         """Give full collections back to CPython (thresholds as before `start`)."""
         with self._lock:
             self._stop.set()
+            self._idle = _no_check  # nothing of the stopped server stays referenced
             if self._saved is not None:
                 gc.set_threshold(*self._saved)
                 self._saved = None
@@ -201,7 +213,8 @@ class DeferredFullCollections:
         if since < self.min_idle_gap_s or gc.get_count()[2] == 0:
             return False
         try:
-            return bool(self._idle())
+            check = self._idle()
+            return True if check is None else bool(check())
         except Exception:  # a half-built or stopped runtime: not idle
             return False
 
@@ -216,6 +229,21 @@ class DeferredFullCollections:
         while not stop.wait(self.poll_s):
             if self.due(time.monotonic()):
                 self.collect()
+
+
+def _always_idle() -> bool:
+    return True
+
+
+def _no_check() -> Callable[[], bool] | None:
+    return _always_idle
+
+
+def _weak(idle: Callable[[], bool]) -> Callable[[], Callable[[], bool] | None]:
+    """A reference to `idle` that does not keep a bound method's object alive."""
+    if hasattr(idle, "__self__") and hasattr(idle, "__func__"):
+        return weakref.WeakMethod(idle)  # type: ignore[arg-type]
+    return lambda: idle
 
 
 FULL_COLLECTIONS = DeferredFullCollections()  # the process's (started by the server)

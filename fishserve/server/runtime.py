@@ -256,9 +256,11 @@ class Runtime:
         return await loop.run_in_executor(self.reference_pool, self.references.encode, audio)
 
     def idle(self) -> bool:
-        """Whether the engine has nothing running or waiting (as of its last step)."""
+        """Whether nothing is being served: the engine has nothing running or waiting (as of
+        its last step) and the decoder has no chunk queued or in progress."""
         stats = self.engine.stats()
-        return stats.running == 0 and stats.waiting == 0 and self.engine.pending() == 0
+        busy = stats.running or stats.waiting or self.engine.pending()
+        return not busy and not self.decode_worker.has_work
 
     def shutdown(self) -> None:
         """Stop both threads (and the GIL probe); full garbage collections go back to
@@ -573,10 +575,10 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
     )
     freeze_after_startup()  # before the threads start: nothing of theirs is frozen in passing
     GC_PAUSES.install()
-    FULL_COLLECTIONS.start(runtime.idle, config.gc_full_interval)
     runtime.engine.start()
     runtime.decode_worker.start()
     if config.gil_probe:
         runtime.gil_probe = GilProbe()
         runtime.gil_probe.start()
+    FULL_COLLECTIONS.start(runtime.idle, config.gc_full_interval)  # once all has started
     return runtime

@@ -88,6 +88,7 @@ def test_quiet_collector_holds_full_collections_off_for_a_level_and_collects_aft
     class Node:
         pass
 
+    gc.unfreeze()  # a process without a freeze of its own (a test before may have made one)
     saved = gc.get_threshold()
     with quiet_collector():
         assert gc.get_threshold()[2] == NO_AUTO_FULL
@@ -98,3 +99,18 @@ def test_quiet_collector_holds_full_collections_off_for_a_level_and_collects_aft
         del node
     assert probe() is None  # collected after the level
     assert gc.get_threshold() == saved and gc.get_freeze_count() == 0
+
+
+def test_quiet_collector_keeps_a_freeze_made_before_it() -> None:
+    import gc
+
+    from fishserve.bench.shares import quiet_collector
+
+    gc.freeze()  # e.g. a server's start-up freeze in the same process
+    frozen = gc.get_freeze_count()
+    try:
+        with quiet_collector():
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen  # not undone
+    finally:
+        gc.unfreeze()

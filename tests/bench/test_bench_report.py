@@ -168,13 +168,13 @@ def test_verdict_warns_when_the_host_slowed_down_between_levels():
         summary.host_probe_ms, summary.host_probe_after_ms = before, after
         return summary
 
-    steady = [probed(64, 5.0, 5.4), probed(128, 5.2, 6.0)]
-    assert host_lines(steady) == []  # within 1.3x of the fastest: one host
+    steady = [probed(64, 5.0, 5.4), probed(128, 5.2, 7.5)]
+    assert host_lines(steady) == []  # within 1.6x of the fastest: probe noise
     assert host_lines([probed(64, None, None)]) == []  # not taken (an old report)
     slowed = [probed(64, 5.0, 5.2), probed(128, 5.1, 9.8), probed(256, 11.0, 12.0)]
     (line,) = host_lines(slowed)
     assert "host speed changed" in line and "5.0 to 12.0 ms" in line
-    assert "around 128, 256" in line and "64," not in line
+    assert "after level 128, 256." in line and "64," not in line
     verdict = capacity_lines(BenchReport({"mode": "concurrency"}, slowed, [], []))
     assert verdict[-1] == line
 

@@ -255,3 +255,26 @@ def test_system_message_is_cached_but_each_call_returns_a_new_tensor() -> None:
     assert torch.equal(first, second) and first.data_ptr() != second.data_ptr()
     first[0, 0] = -1  # a caller may write into its copy...
     assert torch.equal(system_message(tok, NC), second)  # ...without touching the cache
+
+
+def test_the_system_message_cache_is_read_only_and_lets_tokenizers_go() -> None:
+    import gc
+    import weakref
+
+    from fishserve.models.prompt import _system_array
+
+    tok = FishTokenizer(FIXTURE / "tokenizer.tiktoken")  # a tokenizer of a model loaded...
+    cached = _system_array(tok, NC)
+    with pytest.raises(ValueError):
+        cached.flags.writeable = True  # nobody can write into the shared columns
+    probe = weakref.ref(tok)
+    del tok, cached  # ...and unloaded
+    gc.collect()
+    assert probe() is None
+
+
+def test_a_prompt_without_history_is_still_a_new_contiguous_int64_tensor() -> None:
+    prefix = torch.arange(1 + NC, dtype=torch.int32).repeat(3, 1).t()  # (1 + NC, 3) view
+    prompt = build_prompt(prefix, [])
+    assert prompt.dtype == torch.long and prompt.is_contiguous()
+    assert torch.equal(prompt, prefix.long()) and prompt.data_ptr() != prefix.data_ptr()

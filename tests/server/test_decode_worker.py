@@ -815,3 +815,21 @@ def test_a_pipelined_worker_goes_on_if_its_waiter_thread_dies() -> None:
         assert not worker._waiter.is_alive()
     finally:
         worker.shutdown()
+
+
+def test_has_work_while_a_chunk_is_queued_or_decoding() -> None:
+    runner = GatedRunner(max_batch=2)
+    worker = DecodeWorker(runner)  # type: ignore[arg-type]
+    assert not worker.has_work
+    worker.start()
+    done = worker.submit(job(0))
+    assert runner.entered.wait(5)
+    assert worker.has_work  # inside its call
+    runner.gate.set()
+    done.result(5)
+    for _ in range(500):  # the worker files the finished call right after the result
+        if not worker.has_work:
+            break
+        time.sleep(0.01)
+    assert not worker.has_work
+    worker.shutdown()

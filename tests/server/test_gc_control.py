@@ -10,6 +10,8 @@ import weakref
 import pytest
 
 from fishserve.server.gc_control import (
+    FULL_COLLECTIONS,
+    MIN_IDLE_GAP_S,
     NO_AUTO_FULL,
     DeferredFullCollections,
     GcPauseLog,
@@ -165,3 +167,39 @@ def test_the_collector_thread_frees_old_cycles_when_the_process_is_idle(threshol
     finally:
         full.stop()
         gc.enable()
+
+
+def test_a_stopped_collector_keeps_nothing_of_the_server_alive(thresholds) -> None:
+    class Server:
+        def idle(self) -> bool:
+            return False
+
+    full = DeferredFullCollections(poll_s=60)
+    server = Server()
+    probe = weakref.ref(server)
+    full.start(server.idle, max_interval_s=600)
+    try:
+        del server  # held weakly even while started: a runtime dropped without shutdown
+        gc.collect()
+        assert probe() is None
+        gc.collect(1)
+        assert full.due(full.last + MIN_IDLE_GAP_S + 1)  # its server is gone: idle
+    finally:
+        full.stop()
+    kept = Server()
+    full.start(kept.idle, max_interval_s=600)
+    full.stop()
+    probe = weakref.ref(kept)
+    del kept
+    gc.collect()
+    assert probe() is None
+
+
+def test_full_collections_held_off_twice_come_back_once_both_end(thresholds) -> None:
+    try:
+        with no_automatic_full_collections():  # a level of the load generator...
+            FULL_COLLECTIONS.start(lambda: False, max_interval_s=600)  # ...and a server
+        assert gc.get_threshold()[2] == NO_AUTO_FULL  # still held off: the collector is on
+    finally:
+        FULL_COLLECTIONS.stop()
+    assert gc.get_threshold() == thresholds

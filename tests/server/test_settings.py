@@ -232,3 +232,14 @@ def test_a_references_dir_that_cannot_be_made_fails_the_file_check(tmp_path):
     blocker.write_text("x")
     with pytest.raises(ValueError, match=r"references_dir .*file/voices cannot be created"):
         check_model_files(ServerConfig(references_dir=blocker / "voices", load_format="dummy"))
+
+
+def test_full_collection_interval_is_off_or_at_least_ten_seconds():
+    for good in (0, 10, 86400):
+        config = ServerConfig.load(overrides={"gc_full_interval": str(good)}, environ={})
+        assert config.gc_full_interval == good
+    for bad in ("0.5", "-1", "inf", "abc"):
+        with pytest.raises(ValueError, match=r"gc_full_interval = "):
+            ServerConfig.load(overrides={"gc_full_interval": bad}, environ={})
+    with pytest.raises(ValueError, match=r"at least 10 seconds"):
+        ServerConfig.load(overrides={"gc_full_interval": "0.5"}, environ={})
