@@ -64,7 +64,7 @@ class LevelSummary:
             makes its levels incomparable (docs/benchmarks.md §6.27). None: not taken.
         cpu_busy, cpu_steal: shares of the load generator's machine's CPU time (all CPUs)
             that were busy, and that the hypervisor took from this (virtual) machine, over the
-            level (`fishserve.bench.cpu_times`); None where /proc/stat cannot be read.
+            level (`fishserve.bench.cpu_times`); None without psutil.
     """
 
     level: float

@@ -154,7 +154,7 @@ class DeferredFullCollections:
         self.max_interval_s = 0.0
         self.collections = 0
         self.last = time.monotonic()
-        self._idle: Callable[[], Callable[[], bool] | None] = _no_check
+        self._idle: Callable[[], Callable[[], bool] | None] = _ALWAYS_IDLE
         self._lock = threading.Lock()
         self._saved: tuple[int, ...] | None = None  # thresholds before `start`
         self._stop = threading.Event()
@@ -195,7 +195,7 @@ class DeferredFullCollections:
         """Give full collections back to CPython (thresholds as before `start`)."""
         with self._lock:
             self._stop.set()
-            self._idle = _no_check  # nothing of the stopped server stays referenced
+            self._idle = _ALWAYS_IDLE  # nothing of the stopped server stays referenced
             if self._saved is not None:
                 gc.set_threshold(*self._saved)
                 self._saved = None
@@ -235,10 +235,6 @@ def _always_idle() -> bool:
     return True
 
 
-def _no_check() -> Callable[[], bool] | None:
-    return _always_idle
-
-
 def _weak(idle: Callable[[], bool]) -> Callable[[], Callable[[], bool] | None]:
     """A reference to `idle` that does not keep a bound method's object alive."""
     if hasattr(idle, "__self__") and hasattr(idle, "__func__"):
@@ -246,4 +242,5 @@ def _weak(idle: Callable[[], bool]) -> Callable[[], Callable[[], bool] | None]:
     return lambda: idle
 
 
+_ALWAYS_IDLE = _weak(_always_idle)
 FULL_COLLECTIONS = DeferredFullCollections()  # the process's (started by the server)
