@@ -139,16 +139,22 @@ class StreamingDecoder:
     """
 
     def __init__(
-        self, decoder: FireflyGenerator, policy: ChunkPolicy | None = None, stateful: bool = False
+        self,
+        decoder: FireflyGenerator | FireflyConfig,
+        policy: ChunkPolicy | None = None,
+        stateful: bool = False,
     ) -> None:
-        """`stateful`: decode each chunk continuing the stream's decoder state
-        (`fishserve.models.firefly.streaming`) instead of with left-context frames: no frame is
-        decoded twice; the stream's jobs must then be decoded in order, one at a time."""
-        self.decoder = decoder
+        """`decoder`: the decoder, or only its config where jobs are decoded elsewhere (e.g.
+        in the engine's process; `ready_chunks` then raises RuntimeError). `stateful`: decode
+        each chunk continuing the stream's decoder state (`fishserve.models.firefly.streaming`)
+        instead of with left-context frames: no frame is decoded twice; the stream's jobs must
+        then be decoded in order, one at a time."""
+        config = decoder if isinstance(decoder, FireflyConfig) else decoder.config
+        self.decoder = None if isinstance(decoder, FireflyConfig) else decoder
         self.policy = policy or ChunkPolicy()
         self.state = StreamState() if stateful else None
-        self.context_frames = 0 if stateful else self.policy.context_frames(decoder.config)
-        self._groups = decoder.config.n_groups
+        self.context_frames = 0 if stateful else self.policy.context_frames(config)
+        self._groups = config.n_groups
         self._history = np.zeros((self._groups, 0), dtype=np.int64)  # last emitted frames
         self._pending: list[np.ndarray] = []  # (G, n_i) frames not yet handed out
         self._pending_frames = 0
@@ -224,6 +230,8 @@ class StreamingDecoder:
         Returns:
             float32 arrays of ``new_frames * frame_samples`` samples each, in stream order.
         """
+        if self.decoder is None:
+            raise RuntimeError("this stream has the decoder's config only; decode its jobs")
         chunks = []
         while (job := self.next_job()) is not None:
             chunks.extend(decode_batch(self.decoder, [job]))

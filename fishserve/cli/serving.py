@@ -149,6 +149,14 @@ def serve(
             "a GPU), on, off.",
         ),
     ] = None,
+    stream_pipeline: Annotated[
+        str | None,
+        _setting(
+            "stream_pipeline",
+            "With an engine process, where each stream's chunking and deadlines run: http (the "
+            "HTTP process relays frames and chunks) or core (in the engine's process).",
+        ),
+    ] = None,
     gil_switch_interval: Annotated[
         float | None,
         _setting(

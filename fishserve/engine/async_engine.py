@@ -2,7 +2,9 @@
 
 Callers (HTTP handlers on an asyncio loop, or plain threads) `submit` requests and iterate
 their frames; they never touch engine state. Submissions and cancellations reach the engine
-thread through an inbox; frames come back through one queue per request.
+thread through an inbox; frames come back through one queue per request, or, for requests
+submitted with a sink (`EventSink`), in one call per step with every such request's events
+(the engine-core process relays them to the HTTP process that way).
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ import collections
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from fishserve.engine.engine import EngineEvent, EngineStats, GenerationRequest, LLMEngine
 from fishserve.engine.step_profiler import StepProfiler
 
 log = logging.getLogger(__name__)
+# Takes a list of events of requests submitted with it, in order; called on the engine thread
+# (keep it short: hand the list to another thread).
+EventSink = Callable[[list[EngineEvent]], None]
 
 
 class EngineBusyError(RuntimeError):
@@ -44,9 +49,18 @@ class RequestStream:
     is woken once, not ten times.
     """
 
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop | None) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        loop: asyncio.AbstractEventLoop | None,
+        sink: EventSink | None = None,
+    ) -> None:
+        """`loop`: the event loop of an async consumer (None: blocking iteration); `sink`:
+        instead of either, the engine hands this request's events to `sink` (`EventSink`)."""
         self.request_id = request_id
         self._loop = loop
+        self.sink = sink
+        self._error: BaseException | None = None
         self._sync: queue.SimpleQueue[EngineEvent] = queue.SimpleQueue()
         self._buffer: collections.deque[EngineEvent] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
@@ -59,7 +73,9 @@ class RequestStream:
 
     def put(self, event: EngineEvent) -> None:
         """Deliver an event (called from the engine thread)."""
-        if self._loop is not None:
+        if self.sink is not None:
+            self.sink([event])
+        elif self._loop is not None:
             try:
                 self._loop.call_soon_threadsafe(self.put_in_loop, event)
             except RuntimeError:  # the loop is closed: nobody is listening any more
@@ -77,6 +93,14 @@ class RequestStream:
         if enough and waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def fail(self, error: BaseException) -> None:
+        """End an async stream with `error`, raised by `next_batch` once the events already
+        buffered are taken (call inside the stream's event loop). The first error stays."""
+        self._error = self._error or error
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     async def next_batch(self, want: int = 1) -> list[EngineEvent]:
         """Wait until `want` events are buffered (or the final one arrived); return them all.
 
@@ -84,10 +108,15 @@ class RequestStream:
 
         Raises:
             RuntimeError: the stream was created without an event loop.
+            the stream's error (`fail`), once no event is buffered.
         """
         if self._loop is None:
             raise RuntimeError("this stream was created without an event loop")
         while len(self._buffer) < max(want, 1) and not self._has_final():
+            if self._error is not None:
+                if self._buffer:
+                    break
+                raise self._error
             self._want = max(want, 1)
             self._waiter = asyncio.get_running_loop().create_future()
             try:
@@ -171,9 +200,13 @@ class AsyncEngine:
         return self._thread.is_alive() and not self._stop.is_set()
 
     def submit(
-        self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None
+        self,
+        request: GenerationRequest,
+        loop: asyncio.AbstractEventLoop | None = None,
+        sink: EventSink | None = None,
     ) -> RequestStream:
-        """Validate and queue a request; returns its event stream.
+        """Validate and queue a request; returns its event stream (`RequestStream`: async
+        with `loop`, blocking without; with `sink`, events go there instead).
 
         Raises:
             EngineDeadError: the engine is not running.
@@ -183,7 +216,7 @@ class AsyncEngine:
         if not self.alive:
             raise EngineDeadError("the engine is not running")
         seq = self.engine.prepare(request)
-        stream = RequestStream(request.request_id, loop)
+        stream = RequestStream(request.request_id, loop, sink)
         with self._lock:
             if (waiting := self._pending()) >= self.max_waiting:
                 raise queue_full(waiting)
@@ -262,9 +295,11 @@ class AsyncEngine:
                 self._dispatch([event])
 
     def _dispatch(self, events: list[EngineEvent]) -> None:
-        """Hand a step's events to their streams: one wake-up per event loop, not per event
-        (a step at batch 1,000 would otherwise schedule 1,000 cross-thread callbacks)."""
+        """Hand a step's events to their streams: one wake-up per event loop, and one call
+        per sink, not per event (a step at batch 1,000 would otherwise schedule 1,000
+        cross-thread callbacks)."""
         batches: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, EngineEvent]]] = {}
+        sunk: dict[EventSink, list[EngineEvent]] = {}
         with self._lock:
             for event in events:
                 stream = self._streams.get(event.request_id)
@@ -273,10 +308,14 @@ class AsyncEngine:
                 if event.finished:
                     del self._streams[event.request_id]
                 loop = stream.loop
-                if loop is None:
+                if stream.sink is not None:
+                    sunk.setdefault(stream.sink, []).append(event)
+                elif loop is None:
                     stream.put(event)
                 else:
                     batches.setdefault(loop, []).append((stream, event))
+        for sink, sink_events in sunk.items():
+            sink(sink_events)
         for loop, pairs in batches.items():
             try:
                 loop.call_soon_threadsafe(deliver, pairs)

@@ -2,7 +2,9 @@
 
 `start_remote_runtime` spawns the process and waits until it has loaded the models;
 `RemoteRuntime` then sends requests, cancellations and reference audio, and routes what comes
-back (audio chunks, errors, counters) to the waiting coroutines. One reader thread receives
+back (audio chunks, errors, counters) to the waiting coroutines; with a relay
+(`stream_pipeline` "http") it runs each request's `pipeline.synthesize` here and routes the
+core's frames and decoded chunks to it (`relay.RelayClient`). One reader thread receives
 everything and wakes each event loop once per batch of messages. If the core process dies
 (its pipe reaches end of file), every waiting request fails with `EngineDeadError` (HTTP 503),
 `/health` says unhealthy, and the server state starts a new core (`ServerState`).
@@ -30,7 +32,8 @@ from fishserve.engine.engine import EngineStats, GenerationRequest
 from fishserve.server.config import ServerConfig
 from fishserve.server.engine_core import POLL_S, Sender, core_main
 from fishserve.server.gc_control import FULL_COLLECTIONS
-from fishserve.server.pipeline import AudioChunk, within
+from fishserve.server.pipeline import AudioChunk, synthesize, within
+from fishserve.server.relay import Calls, RelayClient, run_calls
 from fishserve.server.runtime import RuntimeInfo, RuntimeStatus
 
 log = logging.getLogger(__name__)
@@ -145,6 +148,13 @@ class RemoteRuntime:
         self._stopping = False
         self._status_at = time.monotonic()
         self._sent_since_status = 0  # generate requests sent after the last status message
+        self.relay = (
+            None
+            if info.relay is None
+            else RelayClient(
+                info.relay, info.sample_rate, info.max_seq_len, self._send_relayed, self._alive
+            )
+        )
         self._reader = threading.Thread(target=self._read, name="fishserve-core-rx", daemon=True)
         self._reader.start()
         atexit.register(self.shutdown)  # before multiprocessing's exit hook joins the process
@@ -179,7 +189,7 @@ class RemoteRuntime:
     def idle(self) -> bool:
         """Whether no request of this process is waiting for the core's messages."""
         with self._lock:
-            return not self._mailboxes
+            return not self._mailboxes and (self.relay is None or not self.relay.active)
 
     def needs_restart(self) -> bool:
         """True when the core process is gone, or says its engine thread stopped."""
@@ -203,8 +213,15 @@ class RemoteRuntime:
             arrival: ``time.monotonic()`` seconds of the request's HTTP arrival (None: now);
                 sent to the core as is, since the monotonic clock is system-wide on Linux.
 
+        With a relay (`stream_pipeline` "http"), `pipeline.synthesize` runs here; else in
+        the core.
+
         Raises: as `pipeline.synthesize`; EngineDeadError if the core process dies.
         """
+        if self.relay is not None:
+            async for chunk in self._relayed(request, timeout, arrival):
+                yield chunk
+            return
         rid, mailbox = self._open()
         done = False
         arrival = time.monotonic() if arrival is None else arrival
@@ -223,6 +240,25 @@ class RemoteRuntime:
                 return
         finally:
             self._close(rid, cancel=not done)
+
+    async def _relayed(
+        self, request: GenerationRequest, timeout: float, arrival: float | None
+    ) -> AsyncIterator[AudioChunk]:
+        """`pipeline.synthesize` here, with the engine and decoder in the core (`relay`)."""
+        assert self.relay is not None
+        try:
+            async for chunk in synthesize(self.relay, request, timeout, arrival):
+                yield chunk
+        finally:
+            self.relay.release(request.request_id)
+
+    def _send_relayed(self, message: tuple[Any, ...]) -> None:
+        if message[0] == "submit":
+            self._sent_since_status += 1
+        self._inbox.put(message)
+
+    def _alive(self) -> bool:
+        return not self._dead and self.process.is_alive()
 
     async def encode_reference(self, audio: bytes) -> torch.Tensor:
         """``(G, L)`` int64 CPU codes of reference audio, encoded in the core.
@@ -298,15 +334,22 @@ class RemoteRuntime:
 
     def _deliver(self, messages: list[tuple[Any, ...]]) -> None:
         routed = []
+        calls: Calls = {}
+        relay = self.relay
         with self._lock:
             for message in messages:
                 if message[0] == "status":
                     self._status, self._status_at = message[1], time.monotonic()
                     self._sent_since_status = 0
                     continue
+                if relay is not None:
+                    with relay.lock:
+                        if relay.deliver(message, calls):
+                            continue
                 box = self._mailboxes.get(message[1])
                 if box is not None:
                     routed.append((*box, message))
+        run_calls(calls)
         _post(routed)
 
     def _fail_all(self, reason: str) -> None:
@@ -315,6 +358,10 @@ class RemoteRuntime:
         with self._lock:
             boxes, self._mailboxes = list(self._mailboxes.items()), {}
         error = EngineDeadError(reason)
+        if self.relay is not None:
+            calls: Calls = {}
+            self.relay.fail_all(error, calls)
+            run_calls(calls)
         _post([(loop, box, ("error", rid, error)) for rid, (loop, box) in boxes])
 
 

@@ -203,12 +203,16 @@ class DecodeWorker:
         elif self._thread.ident is None:  # never started: nobody else will take the queue
             self._fail_leftovers()
 
-    def submit(self, job: DecodeJob, deadline: float | None = None) -> Future[np.ndarray]:
+    def submit(
+        self, job: DecodeJob, deadline: float | None = None, request_id: str = ""
+    ) -> Future[np.ndarray]:
         """Queue a job; the future gives its float32 samples (new_frames * frame_samples,).
 
         Args:
             deadline: ``time.monotonic()`` seconds by which the audio is needed (the stream's
                 playback would run dry); ``None`` means now. Earlier deadlines decode first.
+            request_id: the stream's request (not needed here: the job holds the stream's
+                state; `relay.RelayedDecoder`, which takes the same arguments, needs it).
 
         Raises:
             ValueError: a deadline that is not a finite time (NaN would break the queue's

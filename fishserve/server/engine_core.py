@@ -15,14 +15,19 @@ HTTP -> core:
     ``("generate", rid, GenerationRequest, timeout_s, arrival)``, ``("encode", rid,
     audio_bytes)``, ``("cancel", rid)``, ``("shutdown",)``; ``arrival`` is the request's HTTP
     arrival in ``time.monotonic()`` seconds, which is system-wide on Linux, so the core
-    measures the request's timeout and first-chunk deadline from the same instant
+    measures the request's timeout and first-chunk deadline from the same instant;
+    the relay's ``submit``, ``decode`` and ``release`` (`relay`)
 core -> HTTP:
     ``("ready", RuntimeInfo)`` or ``("failed", exception)`` once, after loading;
     ``("chunk", rid, AudioChunk)``, ``("done", rid)``, ``("encoded", rid, codes)``,
-    ``("error", rid, exception)``; ``("status", RuntimeStatus)`` every `STATUS_INTERVAL_S`.
+    ``("error", rid, exception)``; ``("status", RuntimeStatus)`` every `STATUS_INTERVAL_S`;
+    the relay's ``frames``, ``audio``, ``decode_error`` and ``submit_error``.
 
-Within the core, each request runs `pipeline.synthesize` as an asyncio task, so the per-request
-logic (chunking, deadlines, timeouts, cancellation) is the same as in-process.
+With `ServerConfig.stream_pipeline` "http" (the default), the HTTP process runs each request's
+`pipeline.synthesize` and relays frames and chunks (`relay`): the relay's messages are served
+on the core's reader thread, without a hop through its event loop. With "core", a
+``generate`` runs `pipeline.synthesize` here as an asyncio task, so the per-request logic
+(chunking, deadlines, timeouts, cancellation) is the same as in-process.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from typing import Any
 import torch
 
 from fishserve.server.config import ServerConfig
+from fishserve.server.relay import RELAY_MESSAGES, CoreRelay, RelaySpec
 from fishserve.server.runtime import Runtime, build_local_runtime
 
 log = logging.getLogger(__name__)
@@ -126,7 +132,10 @@ def core_main(config: ServerConfig, inbox: Connection, outbox: Connection, log_l
         sender.put(("failed", portable_exception(exc)))
         sender.close()
         return
-    sender.put(("ready", runtime.info))
+    info = runtime.info
+    if config.stream_pipeline == "http":
+        info.relay = RelaySpec.of(runtime)
+    sender.put(("ready", info))
     try:
         asyncio.run(CoreServer(runtime, inbox, sender).run())
     finally:
@@ -150,6 +159,7 @@ class CoreServer:
         self.runtime = runtime
         self.inbox, self.outbox = inbox, outbox
         self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.relay = CoreRelay(runtime, outbox, portable_exception)
 
     async def run(self) -> None:
         """Until a shutdown message, or the HTTP process is gone."""
@@ -177,7 +187,18 @@ class CoreServer:
             if message[0] == "shutdown":
                 loop.call_soon_threadsafe(stop.set)
                 return
-            loop.call_soon_threadsafe(self._handle, message)
+            if message[0] in RELAY_MESSAGES:
+                self._relay(message)
+            else:
+                loop.call_soon_threadsafe(self._handle, message)
+
+    def _relay(self, message: tuple[Any, ...]) -> None:
+        """Serve a relay message on the reader thread; an unexpected error is logged (the
+        request's own errors go back to it)."""
+        try:
+            self.relay.handle(message)
+        except Exception:
+            log.exception("cannot serve a %r message", message[0])
 
     def _handle(self, message: tuple[Any, ...]) -> None:
         kind, rid = message[0], message[1]

@@ -1,11 +1,13 @@
 """One request's audio where the models live: engine frames in, decoded audio chunks out.
 
-Runs in the process that owns the GPU (the engine-core process, or the HTTP process itself when
-the engine runs in-process). The engine thread generates frames; this coroutine feeds them to
-the request's `StreamingDecoder`, hands ready chunks to the shared decoder thread with the
-stream's playback deadline, and yields float32 audio chunks in order. Leaving the iteration
-early (client gone, timeout, error) cancels the request in the engine, which frees its KV
-blocks before its next step. Metrics are the caller's (`service.stream_audio`).
+Runs in the HTTP process: on a local `Runtime` (engine in-process), or on a
+`relay.RelayClient` whose engine and decoder are in the engine-core process (or, with
+`stream_pipeline` "core", in the core on its local runtime). The engine thread generates
+frames; this coroutine feeds them to the request's `StreamingDecoder`, hands ready chunks to
+the shared decoder thread with the stream's playback deadline, and yields float32 audio chunks
+in order. Leaving the iteration early (client gone, timeout, error) cancels the request in the
+engine, which frees its KV blocks before its next step. Metrics are the caller's
+(`service.stream_audio`).
 """
 
 from __future__ import annotations
@@ -14,17 +16,17 @@ import asyncio
 import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 
+from fishserve.audio.batching import DecodeJob
 from fishserve.audio.streaming import ChunkPolicy, StreamingDecoder
 from fishserve.engine.async_engine import RequestStream
 from fishserve.engine.engine import EngineEvent, GenerationRequest
-
-if TYPE_CHECKING:
-    from fishserve.server.runtime import Runtime
+from fishserve.models.firefly import FireflyConfig, FireflyGenerator
 
 T = TypeVar("T")
 # The engine reports a later segment whose prompt cannot run (its PromptTooLongError or
@@ -43,6 +45,52 @@ class SynthesisTimeoutError(SynthesisError):
 class ContextFullError(SynthesisError):
     """A segment's prompt leaves no room for audio in the model's context: an input problem
     (HTTP 400 if nothing was sent yet)."""
+
+
+class FrameSource(Protocol):
+    """The engine as `synthesize` uses it (`AsyncEngine`, `relay.RelayedEngine`)."""
+
+    def submit(
+        self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None
+    ) -> RequestStream:
+        """Queue `request`; its events arrive through the stream."""
+        ...
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a request (its KV blocks are freed before the next step)."""
+        ...
+
+
+class ChunkDecoder(Protocol):
+    """The decoder thread as `synthesize` uses it (`DecodeWorker`, `relay.RelayedDecoder`)."""
+
+    def submit(
+        self, job: DecodeJob, deadline: float | None = None, request_id: str = ""
+    ) -> Future[np.ndarray] | asyncio.Future[np.ndarray]:
+        """Queue a chunk by `deadline` (monotonic s); the future gives its float32 samples."""
+        ...
+
+
+class StreamHost(Protocol):
+    """What `synthesize` needs of a runtime (`runtime.Runtime`, `relay.RelayClient`)."""
+
+    engine: FrameSource
+    decoder: FireflyGenerator | FireflyConfig  # only its config is read here
+    decode_worker: ChunkDecoder
+    chunk_policy: ChunkPolicy
+    stateful_decoder: bool
+    first_chunk_deadline: float | None  # seconds after arrival
+    early_chunk_margin: float  # seconds
+
+    @property
+    def sample_rate(self) -> int:
+        """Output samples per second (Hz)."""
+        ...
+
+    @property
+    def max_seq_len(self) -> int:
+        """Positions of the model's context."""
+        ...
 
 
 @dataclass
@@ -65,7 +113,7 @@ class AudioChunk:
 
 
 async def synthesize(
-    runtime: Runtime, request: GenerationRequest, timeout: float, arrival: float | None = None
+    runtime: StreamHost, request: GenerationRequest, timeout: float, arrival: float | None = None
 ) -> AsyncIterator[AudioChunk]:
     """Generate and decode `request`, yielding its audio chunks in order.
 
@@ -126,7 +174,7 @@ async def synthesize(
                 if decoder.finished:  # no audio left to carry the reason
                     yield AudioChunk(np.zeros(0, np.float32), finish_reason=reason)
             while (job := decoder.next_job(playback.early_frames())) is not None:
-                decoded = runtime.decode_worker.submit(job, playback.due())
+                decoded = runtime.decode_worker.submit(job, playback.due(), request.request_id)
                 audio = await within(asyncio.wrap_future(decoded), deadline, timeout)
                 queued = None if playback.started else (first_frame or arrival) - arrival
                 playback.add(len(audio))

@@ -48,6 +48,7 @@ from fishserve.server.decode_worker import DecodeWorker
 from fishserve.server.gc_control import FULL_COLLECTIONS, GC_PAUSES, freeze_after_startup
 from fishserve.server.gil_probe import GilProbe
 from fishserve.server.pipeline import EARLY_CHUNK_S, AudioChunk, synthesize
+from fishserve.server.relay import RelaySpec
 from fishserve.synthesis import load_decoder
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,9 @@ class RuntimeInfo:
         engine_sms: SMs of the engine's partition (`ServerConfig.engine_sms`, disjoint from
             the decoder's); None: all.
         max_num_seqs: sequences the engine runs at once (0: unknown).
+        relay: set by an engine-core process whose streams' pipelines run in the HTTP
+            process (`ServerConfig.stream_pipeline` "http"; `relay`); None: in the core, or
+            no core.
     """
 
     sample_rate: int
@@ -89,6 +93,7 @@ class RuntimeInfo:
     decoder_sms: int | None = None
     engine_sms: int | None = None
     max_num_seqs: int = 0
+    relay: RelaySpec | None = None
 
 
 @dataclass

@@ -167,3 +167,48 @@ def test_next_batch_wakes_once_enough_events_or_the_last_one_arrived():
     asyncio.run(main())
     with pytest.raises(RuntimeError):
         RequestStream("s", None).ready()
+
+
+def test_a_sink_gets_each_step_s_events_in_one_call(async_engine, tiny_model, tiny_tokenizer):
+    """Requests submitted with a sink (the core's relay) get their events as one list per
+    step, in order, the same codes as a blocking stream, and nothing through a stream."""
+    calls: list[list] = []
+    done = threading.Event()
+
+    def sink(events) -> None:
+        calls.append(list(events))
+        if sum(e.finished for batch in calls for e in batch) == 2:
+            done.set()
+
+    from fishserve.engine.sampling import SamplingParams
+
+    long = dict(max_new_tokens=6, ignore_eos=True, params=SamplingParams(seed=5))
+    for rid in ("a", "b"):
+        async_engine.submit(GenerationRequest("Sink me.", request_id=rid, **long), sink=sink)
+    assert done.wait(60)
+    by_request = {rid: [e for batch in calls for e in batch if e.request_id == rid] for rid in "ab"}
+    for events in by_request.values():
+        assert [e.codes is not None for e in events] == [True] * 5 + [False]  # 1st: no audio
+        assert events[-1].finished and events[-1].finish_reason == "length"
+    assert any(len({e.request_id for e in batch}) == 2 for batch in calls)  # one call, both
+    alone = collect(async_engine.submit(GenerationRequest("Sink me.", request_id="c", **long)))[0]
+    assert np.array_equal(np.stack([e.codes for e in by_request["a"][:-1]], 1), alone.numpy())
+
+
+def test_a_failed_stream_raises_after_its_buffered_events():
+    from fishserve.engine.async_engine import RequestStream
+    from fishserve.engine.engine import EngineEvent
+
+    async def main() -> None:
+        stream = RequestStream("r", asyncio.get_running_loop())
+        waiting = asyncio.ensure_future(stream.next_batch(5))
+        await asyncio.sleep(0)
+        stream.put_in_loop(EngineEvent("r", codes=np.zeros(2, np.int64)))
+        stream.fail(EngineBusyError("busy"))
+        stream.fail(EngineDeadError("later errors do not replace the first"))
+        got = await asyncio.wait_for(waiting, 1)  # the buffered frame first
+        assert len(got) == 1 and got[0].codes is not None
+        with pytest.raises(EngineBusyError, match="busy"):
+            await asyncio.wait_for(stream.next_batch(1), 1)
+
+    asyncio.run(main())

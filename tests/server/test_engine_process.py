@@ -38,10 +38,16 @@ def post(live: LiveServer, path: str, **kwargs) -> httpx.Response:
     return httpx.post(live.url + path, timeout=120, **kwargs)
 
 
-@pytest.fixture(scope="module")
-def remote(tmp_path_factory):
+@pytest.fixture(scope="module", params=["http", "core"])
+def remote(tmp_path_factory, request):
+    """A live server with an engine core; each stream's pipeline in the HTTP process (relayed)
+    or in the core (`stream_pipeline`)."""
     config = tiny_server_config(
-        tmp_path_factory.mktemp("core"), engine_process="on", threads=1, max_reference_seconds=2
+        tmp_path_factory.mktemp("core"),
+        engine_process="on",
+        threads=1,
+        max_reference_seconds=2,
+        stream_pipeline=request.param,
     )
     with LiveServer(config) as live:
         yield live
@@ -95,6 +101,14 @@ def test_waiting_is_estimated_from_the_free_slots(waiting, running, max_num_seqs
 
 def test_the_core_reports_its_slots(remote):
     assert remote.state.runtime.info.max_num_seqs == 64  # ServerConfig's default
+
+
+def test_the_pipeline_runs_where_the_setting_says(remote):
+    runtime = remote.state.runtime
+    relayed = remote.state.config.stream_pipeline == "http"
+    assert (runtime.relay is not None) == relayed == (runtime.info.relay is not None)
+    if relayed:
+        assert runtime.info.relay.stateful  # the CPU's decoder: its state stays in the core
 
 
 def test_voice_cloning_encodes_in_the_core(remote):
