@@ -29,6 +29,7 @@ import torch
 
 from fishserve.engine.async_engine import EngineDeadError
 from fishserve.engine.engine import EngineStats, GenerationRequest
+from fishserve.server.channel import recv_message, widen_pipe
 from fishserve.server.config import ServerConfig
 from fishserve.server.engine_core import POLL_S, Sender, core_main
 from fishserve.server.gc_control import FULL_COLLECTIONS
@@ -65,6 +66,8 @@ def start_remote_runtime(config: ServerConfig) -> RemoteRuntime:
     ctx = mp.get_context("spawn")
     inbox_r, inbox_w = ctx.Pipe(duplex=False)
     outbox_r, outbox_w = ctx.Pipe(duplex=False)
+    widen_pipe(inbox_w)  # the messages are `channel`'s (both processes)
+    widen_pipe(outbox_r)
     level = logging.getLogger().getEffectiveLevel()
     process = ctx.Process(
         target=core_main, args=(config, inbox_r, outbox_w, level), name="fishserve-engine-core"
@@ -98,7 +101,7 @@ def _first_message(process: BaseProcess, outbox: Connection) -> tuple[Any, ...]:
                 if not process.is_alive():
                     raise died
                 continue
-            message = outbox.recv()
+            message = recv_message(outbox)
         except EOFError:
             process.join(SHUTDOWN_WAIT_S)
             raise RuntimeError(
@@ -321,9 +324,9 @@ class RemoteRuntime:
         """Reader thread: route messages to their mailboxes until the core is gone."""
         while True:
             try:
-                messages = [self._outbox.recv()]
+                messages = [recv_message(self._outbox)]
                 while len(messages) < READ_BATCH and self._outbox.poll(0):
-                    messages.append(self._outbox.recv())  # what is there already: one wake-up
+                    messages.append(recv_message(self._outbox))  # already there: one wake-up
             except (EOFError, OSError):
                 break
             self._deliver(messages)

@@ -7,9 +7,9 @@ of the server under load showed steps of ~70 ms that take 20-30 ms alone (docs/b
 CUDA is initialised there only): this module is that process's side; `core_client` is the
 HTTP side.
 
-Messages are pickled tuples on two one-way `multiprocessing` pipes, each written by a sender
-thread (`Sender`) so that no caller blocks; a pipe's end of file tells either side that the
-other process is gone:
+Messages are pickled tuples on two one-way `multiprocessing` pipes (framed by `channel`, which
+moves NumPy arrays without copies), each written by a sender thread (`Sender`) so that no
+caller blocks; a pipe's end of file tells either side that the other process is gone:
 
 HTTP -> core:
     ``("generate", rid, GenerationRequest, timeout_s, arrival)``, ``("encode", rid,
@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from fishserve.server.channel import recv_message, send_message
 from fishserve.server.config import ServerConfig
 from fishserve.server.relay import RELAY_MESSAGES, CoreRelay, RelaySpec
 from fishserve.server.runtime import Runtime, build_local_runtime
@@ -102,7 +103,7 @@ class Sender:
     def _run(self) -> None:
         while (message := self._queue.get()) is not None:
             try:
-                self.conn.send(message)
+                send_message(self.conn, message)
             except (OSError, EOFError):
                 return  # the reading process is gone
             except Exception:
@@ -180,7 +181,7 @@ class CoreServer:
         """Reader thread: hand each message to the loop; stop when told or orphaned."""
         while True:
             try:
-                message = self.inbox.recv()
+                message = recv_message(self.inbox)
             except (EOFError, OSError):
                 log.warning("the HTTP process is gone; stopping")
                 message = ("shutdown",)

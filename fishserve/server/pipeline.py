@@ -1,12 +1,12 @@
-"""One request's audio where the models live: engine frames in, decoded audio chunks out.
+"""One request's audio: engine frames in, decoded audio chunks out.
 
-Runs in the HTTP process: on a local `Runtime` (engine in-process), or on a
-`relay.RelayClient` whose engine and decoder are in the engine-core process (or, with
-`stream_pipeline` "core", in the core on its local runtime). The engine thread generates
-frames; this coroutine feeds them to the request's `StreamingDecoder`, hands ready chunks to
-the shared decoder thread with the stream's playback deadline, and yields float32 audio chunks
-in order. Leaving the iteration early (client gone, timeout, error) cancels the request in the
-engine, which frees its KV blocks before its next step. Metrics are the caller's
+Runs where its runtime says: in the HTTP process on a local `Runtime` (engine in-process) or on
+a `relay.RelayClient` (engine and decoder in the engine-core process, `stream_pipeline` "http");
+or in the engine-core process on its local runtime (`stream_pipeline` "core"). The engine thread
+generates frames; this coroutine feeds them to the request's `StreamingDecoder`, hands ready
+chunks to the shared decoder thread with the stream's playback deadline, and yields float32
+audio chunks in order. Leaving the iteration early (client gone, timeout, error) cancels the
+request in the engine, which frees its KV blocks before its next step. Metrics are the caller's
 (`service.stream_audio`).
 """
 
@@ -133,10 +133,10 @@ async def synthesize(
             machine); None: now. The timeout, `first_chunk_deadline` and the first chunk's
             `queue_seconds` count from it.
 
-    Raises (from `submit`, before anything is yielded): EngineBusyError, EngineDeadError,
-    ValueError subclasses for invalid requests. While streaming: SynthesisError,
-    SynthesisTimeoutError (also while the request is still queued), ContextFullError (no
-    audio at all, or a later segment does not fit the context).
+    Raises (before anything is yielded: from `submit`, or, with a relay, from the stream's first
+    wait): EngineBusyError, EngineDeadError, ValueError subclasses for invalid requests. While
+    streaming: SynthesisError, SynthesisTimeoutError (also while the request is still queued),
+    ContextFullError (no audio at all, or a later segment does not fit the context).
     """
     arrival = time.monotonic() if arrival is None else arrival
     deadline = arrival + timeout

@@ -15,7 +15,8 @@ HTTP -> core:
     chunk (`DecodeJob`) by ``deadline`` (monotonic seconds, or None); the samples come back as
     ``("audio", job_id, samples)`` or ``("decode_error", job_id, exception)``.
     ``("release", request_id)``: the request is over on the HTTP side (finished, failed or
-    cancelled): cancel it in the engine if it still runs, drop its decoder state.
+    cancelled): cancel it in the engine if it still runs, cancel its chunks still queued for
+    the decoder, drop its decoder state.
 core -> HTTP:
     ``("frames", FrameBatch)``, ``("audio", ...)``, ``("decode_error", ...)``, and
     ``("submit_error", request_id, exception)`` when the engine refused a request (busy,
@@ -30,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
@@ -90,10 +91,8 @@ class FrameBatch:
     """One engine step's events of relayed requests, pickled as a few arrays.
 
     Built on the engine thread from the events as they are (no copy); packed only when
-    pickled, on the sender thread: request ids, segments, which events carry codes, one
-    ``(n, nc)`` int64 array of their codes, and ``(index, finished, finish_reason, error)`` of
-    the events that end a request or carry no codes. Pickling 800 `EngineEvent` objects took
-    ~3.0 ms on the development CPU, the packed form 0.36 ms.
+    pickled, on the sender thread, and unpickled as `PackedFrames`. Pickling 800
+    `EngineEvent` objects took ~3.0 ms on the development CPU, the packed form 0.36 ms.
 
     Attributes:
         events: the events, in order (per request: its frames, then its final event).
@@ -106,40 +105,68 @@ class FrameBatch:
         events = self.events
         with_codes = [e.codes for e in events if e.codes is not None]
         codes = np.stack(with_codes) if with_codes else np.zeros((0, 0), np.int64)
-        has_codes = np.fromiter((e.codes is not None for e in events), bool, len(events))
-        ends = [
-            (i, e.finished, e.finish_reason, e.error)
+        has_codes = [e.codes is not None for e in events]
+        ends = {
+            i: (e.finished, e.finish_reason, e.error)
             for i, e in enumerate(events)
             if e.finished or e.codes is None
-        ]
+        }
         ids = [e.request_id for e in events]
         segments = np.fromiter((e.segment for e in events), np.int64, len(events))
-        return (_unpack_frames, (ids, segments, has_codes, codes, ends))
+        return (PackedFrames, (ids, segments, has_codes, codes, ends))
 
 
-def _unpack_frames(
-    ids: list[str],
-    segments: np.ndarray,
-    has_codes: np.ndarray,
-    codes: np.ndarray,
-    ends: list[tuple[int, bool, str | None, str | None]],
-) -> FrameBatch:
-    rows = iter(codes)
-    events = [
-        EngineEvent(rid, next(rows) if has else None, seg)
-        for rid, seg, has in zip(ids, segments.tolist(), has_codes.tolist(), strict=True)
-    ]
-    for i, finished, reason, error in ends:
-        events[i].finished, events[i].finish_reason, events[i].error = finished, reason, error
-    return FrameBatch(events)
+class PackedFrames:
+    """A `FrameBatch` as it arrives: arrays, turned into events only for the streams that
+    are still listening (`deliver`), in the event loop that consumes them.
+
+    Args:
+        ids: request id of each event; segments: int64 ``(n,)`` segment of each event;
+        has_codes: whether each event carries a frame; codes: int64 ``(frames, nc)``, the
+            frames in event order; ends: ``{index: (finished, finish_reason, error)}`` of the
+            events that end a request or carry no frame.
+    """
+
+    def __init__(
+        self,
+        ids: list[str],
+        segments: np.ndarray,
+        has_codes: list[bool],
+        codes: np.ndarray,
+        ends: dict[int, tuple[bool, str | None, str | None]],
+    ) -> None:
+        self.ids, self.segments, self.has_codes = ids, segments, has_codes
+        self.codes, self.ends = codes, ends
+
+    def events(self) -> list[EngineEvent]:
+        """The events, in order."""
+        return [event for _, event in self._pairs()]
+
+    def deliver(self, streams: dict[str, RequestStream], loop: asyncio.AbstractEventLoop) -> None:
+        """Hand each event to its stream in `streams` if that stream consumes in `loop`
+        (call inside `loop`): per frame, one lookup, one event and one `put_in_loop`."""
+        for rid, event in self._pairs():
+            stream = streams.get(rid)
+            if stream is not None and stream.loop is loop:
+                stream.put_in_loop(event)
+
+    def _pairs(self) -> Iterator[tuple[str, EngineEvent]]:
+        rows, ends = iter(self.codes), self.ends
+        segments = self.segments.tolist()
+        for i, (rid, has) in enumerate(zip(self.ids, self.has_codes, strict=True)):
+            event = EngineEvent(rid, next(rows) if has else None, segments[i])
+            if i in ends:
+                event.finished, event.finish_reason, event.error = ends[i]
+            yield rid, event
 
 
 # -- core side ---------------------------------------------------------------------------------
 class CoreRelay:
     """The engine-core side: generates relayed requests and decodes the chunks it is sent.
 
-    Its methods run on the core's reader thread (submit, decode, release) and send their
-    results through `outbox`; the engine's events leave in one `FrameBatch` per step.
+    `handle` runs on the core's reader thread; the engine's events leave in one `FrameBatch`
+    per step (`_sink`, on the engine thread) and decoded chunks as they are done (`_decoded`,
+    on the decoder thread), all through `outbox`.
 
     Args:
         runtime: the core's local runtime.
@@ -155,6 +182,8 @@ class CoreRelay:
     ) -> None:
         self.runtime, self.outbox, self.portable = runtime, outbox, portable
         self.states: dict[str, StreamState] = {}  # stateful streams' decoder state
+        self._lock = threading.Lock()
+        self.queued: dict[str, set[Future[np.ndarray]]] = {}  # chunks not yet decoded
 
     def handle(self, message: tuple[Any, ...]) -> None:
         """Serve one relay message (see the module docstring)."""
@@ -193,9 +222,19 @@ class CoreRelay:
         except Exception as exc:
             self.outbox.put(("decode_error", job_id, self.portable(exc)))
             return
-        future.add_done_callback(partial(self._decoded, job_id))
+        with self._lock:
+            self.queued.setdefault(request_id, set()).add(future)
+        future.add_done_callback(partial(self._decoded, job_id, request_id))
 
-    def _decoded(self, job_id: int, future: Future[np.ndarray]) -> None:
+    def _decoded(self, job_id: int, request_id: str, future: Future[np.ndarray]) -> None:
+        with self._lock:
+            pending = self.queued.get(request_id)
+            if pending is not None:
+                pending.discard(future)
+                if not pending:
+                    del self.queued[request_id]
+        if future.cancelled():  # released: nobody waits for it
+            return
         error = future.exception()
         if error is not None:
             self.outbox.put(("decode_error", job_id, self.portable(error)))
@@ -204,8 +243,13 @@ class CoreRelay:
 
     def release(self, request_id: str) -> None:
         """The request is over on the HTTP side: cancel it if it still runs (a no-op once it
-        finished), drop its decoder state."""
+        finished), cancel its chunks still queued for the decoder (one being decoded
+        finishes), drop its decoder state."""
         self.runtime.engine.cancel(request_id)
+        with self._lock:
+            pending = list(self.queued.get(request_id, ()))
+        for future in pending:
+            future.cancel()
         self.states.pop(request_id, None)
 
 
@@ -215,7 +259,8 @@ class RelayClient:
     decoder in the core (a `pipeline.StreamHost`).
 
     `deliver` (the reader thread of `RemoteRuntime`) routes the core's relay messages to the
-    waiting streams and decoder futures.
+    waiting streams and decoder futures; `fail_all` ends them all, and every later request,
+    once the core is gone.
 
     Args:
         spec: the core's `RelaySpec`; sample_rate (Hz), max_seq_len: the core's models'.
@@ -242,19 +287,58 @@ class RelayClient:
         self.send, self.alive = send, alive
         self.lock = threading.Lock()
         self.streams: dict[str, RequestStream] = {}
+        self.loops: dict[asyncio.AbstractEventLoop, int] = {}  # streams per consuming loop
         self.decodes: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[np.ndarray]]] = {}
         self.job_ids = itertools.count()
+        self.dead: BaseException | None = None  # set by fail_all
 
     @property
     def active(self) -> int:
         """Relayed requests not yet released."""
         return len(self.streams)
 
-    def release(self, request_id: str) -> None:
-        """End a request on this side and tell the core (once)."""
+    def register(self, stream: RequestStream, loop: asyncio.AbstractEventLoop) -> None:
+        """Listen for `stream`'s events (consumed in `loop`).
+
+        Raises:
+            EngineDeadError: the core is gone (`fail_all` ran).
+            ValueError: a stream of that request id is registered already.
+        """
         with self.lock:
-            known = self.streams.pop(request_id, None) is not None
-        if known:
+            self._check_alive()
+            if stream.request_id in self.streams:
+                raise ValueError(f"duplicate request id {stream.request_id!r}")
+            self.streams[stream.request_id] = stream
+            self.loops[loop] = self.loops.get(loop, 0) + 1
+
+    def await_decode(self, job_id: int, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+        """A future for job `job_id`'s samples, settled in `loop`.
+
+        Raises:
+            EngineDeadError: the core is gone (`fail_all` ran).
+        """
+        future: asyncio.Future[np.ndarray] = loop.create_future()
+        with self.lock:
+            self._check_alive()
+            self.decodes[job_id] = (loop, future)
+        return future
+
+    def _check_alive(self) -> None:
+        if self.dead is not None or not self.alive():
+            raise EngineDeadError("the engine process is not running")
+
+    def release(self, request_id: str) -> None:
+        """End a request on this side and tell the core (once): it cancels the request if it
+        still runs and drops its queued chunks and decoder state."""
+        with self.lock:
+            stream = self.streams.pop(request_id, None)
+            if stream is not None and stream.loop is not None:
+                left = self.loops.get(stream.loop, 1) - 1
+                if left:
+                    self.loops[stream.loop] = left
+                else:
+                    self.loops.pop(stream.loop, None)
+        if stream is not None and self.dead is None:
             self.send(("release", request_id))
 
     def deliver(self, message: tuple[Any, ...], calls: Calls) -> bool:
@@ -262,10 +346,8 @@ class RelayClient:
         not a relay message. Call with `lock` held."""
         kind = message[0]
         if kind == "frames":
-            for event in message[1].events:
-                stream = self.streams.get(event.request_id)
-                if stream is not None and stream.loop is not None:
-                    calls.setdefault(stream.loop, []).append(partial(stream.put_in_loop, event))
+            for loop in self.loops:  # the events are made in the loops, only for listeners
+                calls.setdefault(loop, []).append(partial(self._frames, message[1], loop))
         elif kind == "audio" or kind == "decode_error":
             waiter = self.decodes.pop(message[1], None)
             if waiter is not None:
@@ -279,10 +361,15 @@ class RelayClient:
             return False
         return True
 
+    def _frames(self, frames: PackedFrames, loop: asyncio.AbstractEventLoop) -> None:
+        frames.deliver(self.streams, loop)
+
     def fail_all(self, error: BaseException, calls: Calls) -> None:
-        """End every stream and decoder future with `error` (the core is gone)."""
+        """End every stream and decoder future with `error`, and refuse new ones (the core is
+        gone)."""
         with self.lock:
-            streams, self.streams = list(self.streams.values()), {}
+            self.dead = error
+            streams, self.streams, self.loops = list(self.streams.values()), {}, {}
             decodes, self.decodes = list(self.decodes.values()), {}
         for stream in streams:
             if stream.loop is not None:
@@ -323,8 +410,9 @@ class RelayedEngine:
     def submit(
         self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None
     ) -> RequestStream:
-        """Send `request` to the core; its events (or the core's refusal, e.g.
-        EngineBusyError) arrive through the returned stream.
+        """Send `request` to the core; its events arrive through the returned stream, and so
+        do the core's refusals (EngineBusyError, PromptTooLongError, ...: raised by the
+        stream's `next_batch`, before any event).
 
         Raises:
             EngineDeadError: the core is not running.
@@ -332,19 +420,14 @@ class RelayedEngine:
         """
         if loop is None:
             raise ValueError("a relayed request needs the event loop that consumes it")
-        client = self.client
-        if not client.alive():
-            raise EngineDeadError("the engine process is not running")
         stream = RequestStream(request.request_id, loop)
-        with client.lock:
-            if request.request_id in client.streams:
-                raise ValueError(f"duplicate request id {request.request_id!r}")
-            client.streams[request.request_id] = stream
-        client.send(("submit", request))
+        self.client.register(stream, loop)
+        self.client.send(("submit", request))
         return stream
 
     def cancel(self, request_id: str) -> None:
-        """Stop the request (its KV blocks are freed before the core's next step)."""
+        """Stop the request: the core frees its KV blocks before the engine's first step
+        after the message arrives (`RelayClient.release`)."""
         self.client.release(request_id)
 
 
@@ -364,16 +447,10 @@ class RelayedDecoder:
         Raises:
             EngineDeadError: the core is not running.
         """
-        client = self.client
-        if not client.alive():
-            raise EngineDeadError("the engine process is not running")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[np.ndarray] = loop.create_future()
-        job_id = next(client.job_ids)
-        with client.lock:
-            client.decodes[job_id] = (loop, future)
+        job_id = next(self.client.job_ids)
+        future = self.client.await_decode(job_id, asyncio.get_running_loop())
         stateful = job.state is not None
-        client.send(
+        self.client.send(
             ("decode", job_id, request_id, job.codes, job.context_frames, stateful, deadline)
         )
         return future

@@ -35,7 +35,7 @@ def test_a_frame_batch_survives_pickling_in_order():
         EngineEvent("b", frames[3], 2),
         EngineEvent("d", None, 0, finished=True, finish_reason="cancelled"),
     ]
-    back = pickle.loads(pickle.dumps(FrameBatch(events))).events
+    back = pickle.loads(pickle.dumps(FrameBatch(events))).events()
     assert [(e.request_id, e.segment, e.finished, e.finish_reason, e.error) for e in back] == [
         (e.request_id, e.segment, e.finished, e.finish_reason, e.error) for e in events
     ]
@@ -43,7 +43,7 @@ def test_a_frame_batch_survives_pickling_in_order():
         assert (got.codes is None) == (sent.codes is None)
         if sent.codes is not None:
             assert np.array_equal(got.codes, sent.codes) and got.codes.dtype == np.int64
-    assert pickle.loads(pickle.dumps(FrameBatch([]))).events == []
+    assert pickle.loads(pickle.dumps(FrameBatch([]))).events() == []
 
 
 class FakeOutbox:
@@ -55,15 +55,17 @@ class FakeOutbox:
 
 
 class FakeDecodeWorker:
-    """Resolves each job's future at once: samples = the job's new codes, flattened."""
+    """Resolves each job's future at once (samples = the job's new codes, flattened), or
+    keeps them queued (`hold`)."""
 
-    def __init__(self) -> None:
-        self.jobs = []
+    def __init__(self, hold: bool = False) -> None:
+        self.jobs, self.hold = [], hold
 
     def submit(self, job, deadline=None, request_id=""):
-        self.jobs.append((job, deadline))
         future: Future = Future()
-        future.set_result(job.codes[:, job.context_frames :].astype(np.float32).ravel())
+        self.jobs.append((job, deadline, future))
+        if not self.hold:
+            future.set_result(job.codes[:, job.context_frames :].astype(np.float32).ravel())
         return future
 
 
@@ -80,8 +82,10 @@ class FakeEngine:
         self.cancelled.append(request_id)
 
 
-def core(engine: FakeEngine | None = None) -> tuple[CoreRelay, FakeOutbox, FakeDecodeWorker]:
-    outbox, worker = FakeOutbox(), FakeDecodeWorker()
+def core(
+    engine: FakeEngine | None = None, hold: bool = False
+) -> tuple[CoreRelay, FakeOutbox, FakeDecodeWorker]:
+    outbox, worker = FakeOutbox(), FakeDecodeWorker(hold)
     runtime = SimpleNamespace(engine=engine or FakeEngine(), decode_worker=worker)
     return CoreRelay(runtime, outbox, portable_exception), outbox, worker  # type: ignore[arg-type]
 
@@ -105,12 +109,26 @@ def test_a_stateful_stream_keeps_its_state_in_the_core_until_released():
     relay.handle(("decode", 1, "r", codes, 0, True, None))
     relay.handle(("decode", 2, "r", codes, 0, True, None))
     relay.handle(("decode", 3, "other", codes, 0, True, None))
-    states = [job.state for job, _ in worker.jobs]
+    states = [job.state for job, *_ in worker.jobs]
     assert states[0] is states[1] and states[2] is not states[0] and states[0] is not None
     relay.handle(("release", "r"))
     assert "r" not in relay.states and "other" in relay.states and engine.cancelled == ["r"]
     relay.handle(("decode", 4, "r", codes, 0, True, None))
     assert worker.jobs[-1][0].state is not states[0]  # a new request of that id starts afresh
+
+
+def test_a_release_cancels_the_request_s_queued_chunks():
+    engine = FakeEngine()
+    relay, outbox, worker = core(engine, hold=True)
+    codes = np.zeros((2, 4), dtype=np.int64)
+    for job_id, rid in enumerate(["gone", "gone", "stays"]):
+        relay.handle(("decode", job_id, rid, codes, 1, False, None))
+    relay.handle(("release", "gone"))
+    futures = [future for *_, future in worker.jobs]
+    assert [f.cancelled() for f in futures] == [True, True, False]
+    assert outbox.sent == [] and list(relay.queued) == ["stays"]  # no answer for cancelled
+    futures[2].set_result(np.zeros(3, np.float32))
+    assert outbox.sent[-1][:2] == ("audio", 2) and relay.queued == {}
 
 
 def test_a_refused_request_goes_back_with_its_error_and_frames_go_out_per_step():
@@ -181,6 +199,34 @@ def test_the_client_routes_frames_audio_and_errors_to_their_waiters():
     assert not relay.deliver(("chunk", 1, None), {})  # not a relay message
 
 
+def test_frames_are_made_only_for_the_streams_of_each_loop():
+    relay, _ = client()
+    other = asyncio.new_event_loop()
+    elsewhere = relay.engine.submit(GenerationRequest("x", request_id="x"), other)
+
+    async def main() -> None:
+        here = relay.engine.submit(
+            GenerationRequest("h", request_id="h"), asyncio.get_running_loop()
+        )
+        batch = FrameBatch(
+            [EngineEvent("x", np.zeros(8, np.int64)), EngineEvent("h", np.ones(8, np.int64))]
+        )
+        calls: dict = {}
+        with relay.lock:
+            relay.deliver(("frames", pickle.loads(pickle.dumps(batch))), calls)
+        assert set(calls) == {other, asyncio.get_running_loop()}
+        run_calls(calls)
+        got = await asyncio.wait_for(here.next_batch(1), 1)
+        assert len(got) == 1 and got[0].codes[0] == 1  # only its own frame
+        relay.release("h")
+        assert set(relay.loops) == {other}
+
+    asyncio.run(main())
+    other.run_until_complete(asyncio.sleep(0))  # the other loop's call
+    assert [int(e.codes[0]) for e in elsewhere.ready()] == [0]
+    other.close()
+
+
 def test_a_dead_core_fails_every_stream_and_decode():
     relay, _ = client()
 
@@ -197,6 +243,10 @@ def test_a_dead_core_fails_every_stream_and_decode():
         with pytest.raises(EngineDeadError):
             await asyncio.wait_for(future, 1)
         assert relay.active == 0
+        with pytest.raises(EngineDeadError):  # and whatever comes after
+            relay.engine.submit(GenerationRequest("b", request_id="b"), loop)
+        with pytest.raises(EngineDeadError):
+            relay.decode_worker.submit(job, None, "a")  # type: ignore[arg-type]
 
     asyncio.run(main())
 
