@@ -153,8 +153,8 @@ def serve(
         str | None,
         _setting(
             "stream_pipeline",
-            "With an engine process, where each stream's chunking and deadlines run: http (the "
-            "HTTP process relays frames and chunks) or core (in the engine's process).",
+            "With an engine process, where each stream's chunking and deadlines run: core (in "
+            "the engine's process) or http (the HTTP process relays frames and chunks).",
         ),
     ] = None,
     gil_switch_interval: Annotated[

@@ -89,10 +89,11 @@ class ServerConfig(BaseModel):
     boost_min_running: int = Field(64, ge=0)
     engine_process: Literal["auto", "on", "off"] = "auto"
     # With an engine process: where each stream's pipeline (chunking, playback deadlines,
-    # timeouts) runs. "http": in the HTTP process, which relays frames and chunks to decode
-    # (server.relay), leaving the engine's process to the engine and decoder threads;
-    # "core": in the engine's process (the way before round 28).
-    stream_pipeline: Literal["http", "core"] = "http"
+    # timeouts) runs. "core": in the engine's process. "http": in the HTTP process, which
+    # relays frames and chunks to decode (server.relay): the engine ran 7-22% more steps per
+    # second, but the one HTTP process saturated and time to first audio suffered (p99
+    # 0.57-2.0 s at 896 streams, against 0.27 in the core; docs/benchmarks.md §6.28).
+    stream_pipeline: Literal["core", "http"] = "core"
     # Seconds a thread of the engine's process runs Python before another thread waiting for
     # the GIL gets it (sys.setswitchinterval; CPython's default is 0.005). Every PyTorch call
     # releases the GIL, and the engine thread waits up to this long to get it back from the

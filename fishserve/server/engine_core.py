@@ -23,11 +23,11 @@ core -> HTTP:
     ``("error", rid, exception)``; ``("status", RuntimeStatus)`` every `STATUS_INTERVAL_S`;
     the relay's ``frames``, ``audio``, ``decode_error`` and ``submit_error``.
 
-With `ServerConfig.stream_pipeline` "http" (the default), the HTTP process runs each request's
-`pipeline.synthesize` and relays frames and chunks (`relay`): the relay's messages are served
-on the core's reader thread, without a hop through its event loop. With "core", a
-``generate`` runs `pipeline.synthesize` here as an asyncio task, so the per-request logic
-(chunking, deadlines, timeouts, cancellation) is the same as in-process.
+With `ServerConfig.stream_pipeline` "core" (the default), a ``generate`` runs
+`pipeline.synthesize` here as an asyncio task, so the per-request logic (chunking, deadlines,
+timeouts, cancellation) is the same as in-process. With "http", the HTTP process runs each
+request's `pipeline.synthesize` and relays frames and chunks (`relay`): the relay's messages
+are served on the core's reader thread, without a hop through its event loop.
 """
 
 from __future__ import annotations

@@ -4,9 +4,14 @@ The engine-core process (`engine_core`) holds the engine thread and the decoder 
 the GPU does is launched from Python there, through one GIL. In round 27 (docs/benchmarks.md
 §6.27) that process used 1.55 cores at 704 streams: engine thread 0.53, the asyncio loop that
 ran every stream's `pipeline.synthesize` 0.34, decoder thread 0.27, the sender 0.16; the
-engine thread waited 0.58 ms (median) for the GIL each time it took it back. With the relay,
-`pipeline.synthesize` runs in the HTTP process instead (chunking, playback deadlines, timeouts),
-and the core only generates frames and decodes the chunks it is sent:
+engine thread waited 0.58 ms (median) for the GIL each time it took it back. With the relay
+(`ServerConfig.stream_pipeline` "http", not the default), `pipeline.synthesize` runs in the
+HTTP process instead (chunking, playback deadlines, timeouts), and the core only generates
+frames and decodes the chunks it is sent. On the H200 (§6.28) the engine then ran 7-22% more
+steps per second, but the one HTTP process saturated (1.1 cores through its GIL) and time to
+first audio rose: an option for when the HTTP side has cores to spare, not the default.
+
+Messages:
 
 HTTP -> core:
     ``("submit", GenerationRequest)``: start generating; the request's frames come back in

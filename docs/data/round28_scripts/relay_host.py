@@ -162,4 +162,5 @@ async def main(streams: int, seconds: float, profile: bool) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]), float(sys.argv[2:3] and sys.argv[2] or 10), "profile" in sys.argv))
+    seconds = float(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] != "profile" else 10.0
+    asyncio.run(main(int(sys.argv[1]), seconds, "profile" in sys.argv))
