@@ -31,6 +31,8 @@ _HEADER = struct.Struct("<II")
 # several writes and reads.
 _F_SETPIPE_SZ = 1031
 PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
+# Buffers per writev/readv call at most (POSIX guarantees IOV_MAX >= 16; Linux allows 1,024).
+_MAX_VECTORS = 512
 
 
 def widen_pipe(conn: Connection, size: int = PIPE_BYTES) -> None:
@@ -75,7 +77,7 @@ def _write_all(fd: int, parts: list[Any]) -> None:
     views = [memoryview(part).cast("B") for part in parts]
     views = [view for view in views if view.nbytes]
     while views:
-        written = os.writev(fd, views)
+        written = os.writev(fd, views[:_MAX_VECTORS])
         while views and written >= views[0].nbytes:
             written -= views[0].nbytes
             views.pop(0)
@@ -92,7 +94,7 @@ def _read_exact(fd: int, size: int) -> bytes:
 def _read_into(fd: int, parts: list[Any]) -> None:
     views = [memoryview(part).cast("B") for part in parts if len(part)]
     while views:
-        got = os.readv(fd, views)
+        got = os.readv(fd, views[:_MAX_VECTORS])
         if got == 0:
             raise EOFError("the other end of the pipe is closed")
         while views and got >= views[0].nbytes:
