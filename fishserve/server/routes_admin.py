@@ -201,6 +201,9 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
         status = "unhealthy"
     model.update(dtype=info.weight_dtype, device=info.device, kv_cache_dtype=info.kv_cache_dtype)
     model["engine_process"] = runtime.restartable
+    # where each stream's pipeline runs with an engine process (null without one)
+    relayed = info.relay is not None
+    model["stream_pipeline"] = ("http" if relayed else "core") if runtime.restartable else None
     model["decoder_kernels"] = info.decoder_kernels
     model["gpu_sharing"] = info.gpu_sharing
     model["async_scheduling"] = config.async_scheduling

@@ -109,6 +109,8 @@ def test_the_pipeline_runs_where_the_setting_says(remote):
     assert (runtime.relay is not None) == relayed == (runtime.info.relay is not None)
     if relayed:
         assert runtime.info.relay.stateful  # the CPU's decoder: its state stays in the core
+    health = httpx.get(remote.url + "/health").json()
+    assert health["model"]["stream_pipeline"] == remote.state.config.stream_pipeline
 
 
 def test_voice_cloning_encodes_in_the_core(remote):
