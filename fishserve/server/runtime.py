@@ -425,6 +425,12 @@ def build_runtime(config: ServerConfig) -> ServingRuntime:
         RuntimeError: the engine-core process died while loading.
     """
     check_settings(config)
+    if config.stream_pipeline == "http" and not uses_engine_process(config):
+        log.warning(
+            "stream_pipeline http has no effect without an engine process (engine_process %s "
+            "on this device): every stream's pipeline runs in this process",
+            config.engine_process,
+        )
     if uses_engine_process(config):
         from fishserve.server.core_client import start_remote_runtime
 

@@ -349,3 +349,16 @@ def test_the_core_s_finish_reason_labels_the_success(remote):
     before = successes("length"), successes("stop")
     assert post(remote, "/v1/tts", json={"text": "Counted.", **FIXED}).status_code == 200
     assert (successes("length"), successes("stop")) == (before[0] + 1, before[1])
+
+
+def test_a_relay_without_an_engine_process_is_said_to_do_nothing(tmp_path, caplog):
+    from fishserve.server.runtime import build_runtime
+
+    config = tiny_server_config(tmp_path, threads=1, stream_pipeline="http")  # cpu: in-process
+    with caplog.at_level("WARNING"):
+        runtime = build_runtime(config)
+    try:
+        assert not runtime.restartable
+        assert any("no effect without an engine process" in r.message for r in caplog.records)
+    finally:
+        runtime.shutdown()
