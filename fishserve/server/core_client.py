@@ -323,11 +323,17 @@ class RemoteRuntime:
     def _read(self) -> None:
         """Reader thread: route messages to their mailboxes until the core is gone."""
         while True:
+            messages: list[tuple[Any, ...]] = []
             try:
-                messages = [recv_message(self._outbox)]
+                messages.append(recv_message(self._outbox))
                 while len(messages) < READ_BATCH and self._outbox.poll(0):
                     messages.append(recv_message(self._outbox))  # already there: one wake-up
             except (EOFError, OSError):
+                self._deliver(messages)  # what the core sent before it went
+                break
+            except Exception:  # a message that cannot be read: the pipe is unusable
+                log.exception("cannot read the engine process's messages")
+                self._deliver(messages)
                 break
             self._deliver(messages)
         if not self._stopping:

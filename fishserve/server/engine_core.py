@@ -185,6 +185,9 @@ class CoreServer:
             except (EOFError, OSError):
                 log.warning("the HTTP process is gone; stopping")
                 message = ("shutdown",)
+            except Exception:  # a message that cannot be read: the pipe is unusable
+                log.exception("cannot read the HTTP process's messages; stopping")
+                message = ("shutdown",)
             if message[0] == "shutdown":
                 loop.call_soon_threadsafe(stop.set)
                 return

@@ -326,7 +326,13 @@ class RelayClient:
         with self.lock:
             self._check_alive()
             self.decodes[job_id] = (loop, future)
+        # a waiter that gives up (its request released) gets no answer: the core drops the job
+        future.add_done_callback(partial(self._forget, job_id))
         return future
+
+    def _forget(self, job_id: int, _: asyncio.Future[np.ndarray]) -> None:
+        with self.lock:
+            self.decodes.pop(job_id, None)
 
     def _check_alive(self) -> None:
         if self.dead is not None or not self.alive():

@@ -69,6 +69,10 @@ def test_messages_keep_their_order_and_torch_tensors_travel_by_value():
     thread.join(10)
     assert [m[1] for m in got[:-1]] == list(range(50))
     assert torch.equal(got[-1][2], tensor)
+    odd = [torch.ones(3, dtype=torch.bfloat16), torch.ones(2, requires_grad=True), tensor.t()]
+    back = through(odd)
+    assert back[0].dtype == torch.bfloat16 and back[1].requires_grad
+    assert all(torch.equal(a.detach(), b.detach()) for a, b in zip(back, odd, strict=True))
 
 
 def test_a_closed_writer_reads_as_end_of_file_and_bad_messages_write_nothing():

@@ -190,6 +190,10 @@ def test_the_client_routes_frames_audio_and_errors_to_their_waiters():
         assert np.array_equal(await first, np.ones(4, np.float32))
         with pytest.raises(RuntimeError, match="decoder failed"):
             await second
+        abandoned = relay.decode_worker.submit(job, None, "a")  # type: ignore[arg-type]
+        abandoned.cancel()  # its waiter gave up: the core sends nothing back for it
+        await asyncio.sleep(0)
+        assert relay.decodes == {}
         relay.engine.cancel("a")
         relay.engine.cancel("a")  # released once
         assert [m for m in sent if m[0] == "release"] == [("release", "a")]
