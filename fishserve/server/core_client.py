@@ -21,6 +21,7 @@ import multiprocessing as mp
 import threading
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -261,6 +262,7 @@ class RemoteRuntime:
         self._inbox.put(message)
 
     def _alive(self) -> bool:
+        """Whether the core can take requests (not known dead, process running)."""
         return not self._dead and self.process.is_alive()
 
     async def encode_reference(self, audio: bytes) -> torch.Tensor:
@@ -306,7 +308,7 @@ class RemoteRuntime:
         Raises:
             EngineDeadError: the core process is gone.
         """
-        if self._dead or not self.process.is_alive():
+        if not self._alive():
             raise EngineDeadError("the engine process is not running")
         rid = next(self._ids)
         mailbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
@@ -342,24 +344,19 @@ class RemoteRuntime:
         self._fail_all("the engine process is not running")
 
     def _deliver(self, messages: list[tuple[Any, ...]]) -> None:
-        routed = []
         calls: Calls = {}
         relay = self.relay
-        with self._lock:
+        with self._lock, relay.lock if relay is not None else contextlib.nullcontext():
             for message in messages:
                 if message[0] == "status":
                     self._status, self._status_at = message[1], time.monotonic()
                     self._sent_since_status = 0
-                    continue
-                if relay is not None:
-                    with relay.lock:
-                        if relay.deliver(message, calls):
-                            continue
-                box = self._mailboxes.get(message[1])
-                if box is not None:
-                    routed.append((*box, message))
+                elif relay is None or not relay.deliver(message, calls):
+                    box = self._mailboxes.get(message[1])
+                    if box is not None:
+                        loop, queue = box
+                        calls.setdefault(loop, []).append(partial(queue.put_nowait, message))
         run_calls(calls)
-        _post(routed)
 
     def _fail_all(self, reason: str) -> None:
         """Mark the core dead and end every waiting request with EngineDeadError."""
@@ -367,23 +364,9 @@ class RemoteRuntime:
         with self._lock:
             boxes, self._mailboxes = list(self._mailboxes.items()), {}
         error = EngineDeadError(reason)
+        calls: Calls = {}
         if self.relay is not None:
-            calls: Calls = {}
             self.relay.fail_all(error, calls)
-            run_calls(calls)
-        _post([(loop, box, ("error", rid, error)) for rid, (loop, box) in boxes])
-
-
-def _post(routed: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue, tuple[Any, ...]]]) -> None:
-    """Put messages into their mailboxes: one thread-safe call per event loop."""
-    batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, tuple[Any, ...]]]] = {}
-    for loop, box, message in routed:
-        batches.setdefault(loop, []).append((box, message))
-    for loop, items in batches.items():
-        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits any more
-            loop.call_soon_threadsafe(_put_all, items)
-
-
-def _put_all(items: list[tuple[asyncio.Queue, tuple[Any, ...]]]) -> None:
-    for box, message in items:
-        box.put_nowait(message)
+        for rid, (loop, queue) in boxes:
+            calls.setdefault(loop, []).append(partial(queue.put_nowait, ("error", rid, error)))
+        run_calls(calls)
