@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from fishserve.server.runtime import ServingRuntime
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+# Finer, for the parts of the time to first audio (seconds).
+_FIRST_CHUNK_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
+_FRAME_BUCKETS = (1, 2, 4, 6, 8, 10, 12, 16, 24, 32, 64)
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
 
 
@@ -66,6 +69,18 @@ class Metrics:
             "fishserve:request_queue_time_seconds",
             "From arrival to the first generated frame.",
             buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.first_chunk_decode = Histogram(
+            "fishserve:first_chunk_decode_seconds",
+            "From a stream's first chunk handed to the decoder to its audio (queue and call).",
+            buckets=_FIRST_CHUNK_BUCKETS,
+            registry=r,
+        )
+        self.first_chunk_frames = Histogram(
+            "fishserve:first_chunk_frames",
+            "Code frames in a stream's first audio chunk (21.5 per second of audio).",
+            buckets=_FRAME_BUCKETS,
             registry=r,
         )
         self.rtf = Histogram(

@@ -101,6 +101,9 @@ class AudioChunk:
         samples: ``(n,)`` float32 mono samples at the decoder's rate (44,100 Hz for the release).
         queue_seconds: on a stream's first chunk, seconds from the request's arrival to its
             first generated frame (queueing plus prefill); None on later chunks.
+        decode_seconds: on a stream's first chunk, seconds from its frames' hand-over to the
+            decoder to its audio (the decoder's queue and call); None on later chunks.
+        frames: code frames whose audio this chunk holds (0 for an empty last chunk).
         finish_reason: on a stream's last chunk, why generation ended: "stop" (the model ended
             every segment) or "length" (a segment reached its frame budget); None on earlier
             chunks. When all audio is out before the engine reports the end, the last chunk
@@ -110,6 +113,8 @@ class AudioChunk:
     samples: np.ndarray
     queue_seconds: float | None = None
     finish_reason: str | None = None
+    decode_seconds: float | None = None
+    frames: int = 0
 
 
 async def synthesize(
@@ -174,11 +179,15 @@ async def synthesize(
                 if decoder.finished:  # no audio left to carry the reason
                     yield AudioChunk(np.zeros(0, np.float32), finish_reason=reason)
             while (job := decoder.next_job(playback.early_frames())) is not None:
+                submitted = time.monotonic()
                 decoded = runtime.decode_worker.submit(job, playback.due(), request.request_id)
                 audio = await within(asyncio.wrap_future(decoded), deadline, timeout)
-                queued = None if playback.started else (first_frame or arrival) - arrival
+                first = not playback.started
+                queued = (first_frame or arrival) - arrival if first else None
+                took = time.monotonic() - submitted if first else None
                 playback.add(len(audio))
-                yield AudioChunk(audio, queued, reason if decoder.finished else None)
+                end = reason if decoder.finished else None
+                yield AudioChunk(audio, queued, end, took, job.new_frames)
     finally:
         if not finished:
             runtime.engine.cancel(request.request_id)

@@ -161,6 +161,9 @@ def _record_audio(timing: Synthesis, metrics: Metrics, chunk: AudioChunk) -> Non
         metrics.ttfa.observe(timing.first_audio - timing.arrival)
         if chunk.queue_seconds is not None:
             metrics.queue_time.observe(chunk.queue_seconds)
+        if chunk.decode_seconds is not None:
+            metrics.first_chunk_decode.observe(chunk.decode_seconds)
+            metrics.first_chunk_frames.observe(chunk.frames)
     timing.audio_samples += len(chunk.samples)
 
 

@@ -47,6 +47,9 @@ def metric(server: LiveServer, sample: str) -> float:
     return 0.0
 
 
+SUMS = ("_sum", "_count")
+
+
 def failures(server: LiveServer, reason: str) -> float:
     return metric(server, f'fishserve:request_failure_total{{reason="{reason}"}}')
 
@@ -211,6 +214,31 @@ def test_queue_time_ends_at_the_first_frame_not_the_first_chunk(server):
         assert httpx.post(server.url + "/v1/tts", json=body, timeout=60).status_code == 200
     assert metric(server, name + "_count") == count + 1
     assert metric(server, name + "_sum") - total < 0.6  # ~0.2 s; the first chunk: ~1.1 s
+
+
+def test_first_chunk_metrics_time_the_decoder_and_count_its_frames(server):
+    """The first chunk's decoder time covers a slow decoder call (0.3 s), and its frames are
+    the policy's first chunk (10 of the 11 audio frames of 12 generated)."""
+    seconds, frames = "fishserve:first_chunk_decode_seconds", "fishserve:first_chunk_frames"
+    before = [metric(server, name + suffix) for name in (seconds, frames) for suffix in SUMS]
+    worker = server.state.runtime.decode_worker.runner
+    original = worker.start_jobs
+
+    def slow_start(jobs):
+        time.sleep(0.3)
+        return original(jobs)
+
+    worker.start_jobs = slow_start
+    try:
+        body = {**LONG, "max_new_tokens": 12}
+        assert httpx.post(server.url + "/v1/tts", json=body, timeout=60).status_code == 200
+    finally:
+        del worker.start_jobs
+    after = [metric(server, name + suffix) for name in (seconds, frames) for suffix in SUMS]
+    decode_s, decode_n, frames_sum, frames_n = (a - b for a, b in zip(after, before, strict=True))
+    assert (decode_n, frames_n) == (1, 1)
+    assert 0.3 <= decode_s < 5.0
+    assert frames_sum == 10
 
 
 @pytest.mark.parametrize("path", ["/v1/tts", "/v1/audio/speech"])
