@@ -30,7 +30,11 @@ DEFINITIONS = (
     "(LLM / decoder: fraction of wall time each kept the GPU busy, CUDA events; they overlap on "
     "separate streams) come from the server's /metrics (fishserve only), as does GIL wait: the "
     "mean time a thread of the server's engine process waited to get Python's GIL back "
-    "(its GIL probe; each PyTorch call of the engine and decoder threads pays it)."
+    "(its GIL probe; each PyTorch call of the engine and decoder threads pays it). First "
+    "frame / first chunk's decoder: the server's mean seconds from a request's arrival to its "
+    "first generated frame, and from its first chunk's hand-over to the decoder to that "
+    "chunk's audio, with the first chunk's mean frames (fishserve's /metrics); the rest of "
+    "the server's TTFA went to generating the first chunk's other frames."
 )
 
 
@@ -83,6 +87,15 @@ def _realtime(summary: LevelSummary) -> str:
     return "yes" if summary.all_realtime else f"no (max {_num(summary.rtf_max)})"
 
 
+def _split(summary: LevelSummary) -> str:
+    """The server's mean arrival-to-first-frame and first-chunk decoder seconds, and the
+    first chunk's mean frames ("-" where the server does not export them)."""
+    if summary.queue_s is None or summary.first_chunk_decode_s is None:
+        return "-"
+    frames = _num(summary.first_chunk_frames, 1)
+    return f"{_num(summary.queue_s, 3)} / {_num(summary.first_chunk_decode_s, 3)} ({frames})"
+
+
 def level_row(summary: LevelSummary) -> str:
     """One markdown table row."""
     peak = None if summary.peak_gpu_bytes is None else summary.peak_gpu_bytes / GiB
@@ -105,6 +118,7 @@ def level_row(summary: LevelSummary) -> str:
         f"{_num(summary.llm_busy)} / {_num(summary.decoder_busy)}",
         f"{_num(summary.steps_per_s, 1)} / {_num(summary.frames_per_step, 1)}",
         _num(summary.gil_wait_ms, 3),
+        _split(summary),
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -116,9 +130,9 @@ def markdown_table(levels: list[LevelSummary], level_name: str) -> str:
         "TTFA s p50/p90/p99 | send s p99 | req/min | audio s/s | frames/s | RTF p90 | "
         "real-time | stalled | "
         "peak GPU GiB | decoder frames/s | GPU busy LLM / decoder | steps/s / frames per step | "
-        "GIL wait ms |"
+        "GIL wait ms | first frame / first chunk's decoder s (its frames) |"
     )
-    rule = "|" + "---|" * 18
+    rule = "|" + "---|" * 19
     return "\n".join([header, rule, *(level_row(s) for s in levels)])
 
 

@@ -14,6 +14,13 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+# Histograms whose mean over a level `rates` gives (from their _sum and _count samples).
+MEANS = {
+    "server_ttfa_s": "fishserve:time_to_first_audio_seconds",
+    "queue_s": "fishserve:request_queue_time_seconds",
+    "first_chunk_decode_s": "fishserve:first_chunk_decode_seconds",
+    "first_chunk_frames": "fishserve:first_chunk_frames",
+}
 COUNTERS = {
     "decoder_frames": ("fishserve:decoder_frames_total", {}),
     "decoder_calls": ("fishserve:decoder_calls_total", {}),
@@ -26,6 +33,11 @@ COUNTERS = {
     "full_sort_rows": ("fishserve:sampler_full_sort_rows_total", {}),
     "gil_wait_s": ("fishserve:gil_wait_seconds_total", {}),
     "gil_wakeups": ("fishserve:gil_probe_wakeups_total", {}),
+    **{
+        f"{short}_{part}": (f"{name}_{part}", {})
+        for short, name in MEANS.items()
+        for part in ("sum", "count")
+    },
 }
 
 
@@ -50,6 +62,11 @@ class ServerRates:
             GIL back (the GIL probe's `fishserve:gil_wait_seconds_total` per wake-up).
         boost_share: the fraction of engine steps that were boost steps of young streams
             (`fishserve:engine_boost_steps_total`; server setting boost_frames).
+        server_ttfa_s, queue_s, first_chunk_decode_s, first_chunk_frames: means over the
+            level's requests of the server's time to first audio, its arrival to first frame,
+            its first chunk's decoder queue and call (seconds) and that chunk's frames: what
+            is left of TTFA after the other two is generating the first chunk's other frames
+            (docs/benchmarks.md §6.29).
     """
 
     decoder_frames_per_s: float | None = None
@@ -62,6 +79,10 @@ class ServerRates:
     decoder_frames_per_job: float | None = None
     gil_wait_ms: float | None = None
     boost_share: float | None = None
+    server_ttfa_s: float | None = None
+    queue_s: float | None = None
+    first_chunk_decode_s: float | None = None
+    first_chunk_frames: float | None = None
 
 
 def parse_counters(text: str) -> dict[str, float]:
@@ -105,6 +126,11 @@ def rates(before: dict[str, float], after: dict[str, float], seconds: float) -> 
     gil_ms = 1e3 * waited / wakeups if wakeups and waited is not None else None
     boosts = rate("boost_steps")
     boost_share = boosts / steps if steps and boosts is not None else None
+
+    def mean(short: str) -> float | None:
+        total, count = rate(short + "_sum"), rate(short + "_count")
+        return total / count if count and total is not None else None
+
     return ServerRates(
         decoded,
         rate("llm_busy_s"),
@@ -116,4 +142,5 @@ def rates(before: dict[str, float], after: dict[str, float], seconds: float) -> 
         per_job,
         gil_ms,
         boost_share,
+        *(mean(short) for short in MEANS),
     )

@@ -55,8 +55,8 @@ class LevelSummary:
             the level's duration, Little's law): the load the level really put on the server.
         decoder_frames_per_s, llm_busy, decoder_busy, steps_per_s, frames_per_step,
             full_sort_share, decoder_frames_per_call, decoder_frames_per_job, gil_wait_ms,
-            boost_share: the
-            server's own counters over the level
+            boost_share, server_ttfa_s, queue_s, first_chunk_decode_s, first_chunk_frames:
+            the server's own counters over the level
             (`fishserve.bench.server_counters.ServerRates`), None for other servers.
         host_probe_ms, host_probe_after_ms: the load generator's machine's host probe
             (`fishserve.host_probe`, ms, higher is slower) right before and right after the
@@ -93,6 +93,10 @@ class LevelSummary:
     decoder_frames_per_job: float | None = None
     gil_wait_ms: float | None = None
     boost_share: float | None = None
+    server_ttfa_s: float | None = None
+    queue_s: float | None = None
+    first_chunk_decode_s: float | None = None
+    first_chunk_frames: float | None = None
     mean_in_flight: float = 0.0
     sent_s: dict[str, float | None] | None = None
     ttfa_early_s: dict[str, float | None] | None = None

@@ -15,11 +15,14 @@ def test_table_shows_errors_real_time_and_peak_memory():
     ]
     table = markdown_table([summarize(8, records, 21.5, peak_gpu_bytes=3 * 2**30)], "concurrency")
     header, rule, row = table.splitlines()
-    assert header.count("|") == rule.count("|") == row.count("|") == 19
+    assert header.count("|") == rule.count("|") == row.count("|") == 20
     assert "| 0.50 / 0.50 / 0.50 | 0.250 |" in row  # TTFA, then the client's own send time
     assert "| 8 | 3 | 1 | 429: 2 |" in row
-    # no server counters (a peer server): decoder, GPU busy and step columns are empty
-    assert "no (max 1.50)" in row and row.endswith("| 3.00 | - | - / - | - / - | - |")
+    # no server counters (a peer server): decoder, GPU busy, step and first-chunk columns empty
+    assert "no (max 1.50)" in row and row.endswith("| 3.00 | - | - / - | - / - | - | - |")
+    summary = summarize(8, records, 21.5)
+    summary.queue_s, summary.first_chunk_decode_s, summary.first_chunk_frames = 0.1, 0.05, 8
+    assert markdown_table([summary], "concurrency").endswith("| 0.100 / 0.050 (8.0) |")
 
 
 def level(n: int, ttfa_p99: float, rtf_max: float, stalled: int = 0, errors: int = 0):
@@ -95,6 +98,32 @@ def test_server_rates_from_two_metrics_reads():
     assert abs(got.gil_wait_ms - 0.2) < 1e-9  # 0.01 s waited over 50 wake-ups
     assert abs(got.boost_share - 0.2) < 1e-12  # 10 of 50 steps
     assert rates({}, after, 2.0).frames_per_step is None  # a server without the counters
+
+
+def test_server_rates_split_the_first_chunk_from_the_servers_own_histograms():
+    """Level means of the first-chunk histograms come from the server's real metric names,
+    counting only the level's observations."""
+    from prometheus_client import generate_latest
+
+    from fishserve.bench.server_counters import parse_counters, rates
+    from fishserve.server.metrics import Metrics
+
+    metrics = Metrics()
+
+    def observe(ttfa: float, queue: float, decode: float, frames: int) -> None:
+        metrics.ttfa.observe(ttfa)
+        metrics.queue_time.observe(queue)
+        metrics.first_chunk_decode.observe(decode)
+        metrics.first_chunk_frames.observe(frames)
+
+    observe(9.0, 9.0, 9.0, 64)  # before the level: not counted
+    before = parse_counters(generate_latest(metrics.registry).decode())
+    observe(0.2, 0.1, 0.05, 10)
+    observe(0.4, 0.1, 0.15, 6)
+    got = rates(before, parse_counters(generate_latest(metrics.registry).decode()), 1.0)
+    assert abs(got.server_ttfa_s - 0.3) < 1e-9 and abs(got.queue_s - 0.1) < 1e-9
+    assert abs(got.first_chunk_decode_s - 0.1) < 1e-9 and got.first_chunk_frames == 8
+    assert rates(before, before, 1.0).queue_s is None  # no request in the level
 
 
 def test_the_verdict_names_levels_where_the_load_generator_was_slow_to_send():
