@@ -129,7 +129,9 @@ class LoadPoint:
             prompts' first frames included) per second.
         audio_frames_per_s: audio frames per second (the streams' frames but each
             segment's first).
-        frames_per_step: frames per step; boost_share: share of boost steps.
+        frames_per_step: frames per step (with async scheduling the window reads the frames
+            of its steps shifted by one step: off by at most one step's frames);
+            boost_share: share of boost steps.
         realtime_margin: audio_frames_per_s / (streams x 21.53): > 1 keeps every stream
             ahead of real time on average.
         streams_started, streams_finished: in the measured window.
