@@ -2,6 +2,9 @@
 # flags (A) at 896 as the lease's check, then larger decoder calls (--max-decode-batch 32) at
 # 896, 960 and 1000. Round 29's lead: ~100 decoder calls/s at every level (§6.29), so a
 # backlog of short chunks decodes faster in larger calls.
+# .exp (carried) holds round 11's cpu_snap.py and cpu_diff.py; summ.py comes from here (it
+# also prints each level's first-chunk split and decoder calls/s).
+mkdir -p .exp && cp docs/data/round29_scripts/summ.py .exp/summ.py
 source docs/data/round29_scripts/gpu.sh >/dev/null; LOG=$OUT/log.txt; T0=$SECONDS
 grep -m1 "model name" /proc/cpuinfo | tee -a $LOG; nproc | tee -a $LOG
 F="--early-chunk-margin 0.12 --engine-sms 56 --boost-frames 64 --async-scheduling --stream-pipeline core --first-chunk-deadline 0.15"
