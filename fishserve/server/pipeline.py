@@ -186,8 +186,13 @@ async def synthesize(
                 queued = (first_frame or arrival) - arrival if first else None
                 took = time.monotonic() - submitted if first else None
                 playback.add(len(audio))
-                end = reason if decoder.finished else None
-                yield AudioChunk(audio, queued, end, took, job.new_frames)
+                yield AudioChunk(
+                    audio,
+                    queue_seconds=queued,
+                    finish_reason=reason if decoder.finished else None,
+                    decode_seconds=took,
+                    frames=job.new_frames,
+                )
     finally:
         if not finished:
             runtime.engine.cancel(request.request_id)

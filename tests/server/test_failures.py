@@ -221,19 +221,19 @@ def test_first_chunk_metrics_time_the_decoder_and_count_its_frames(server):
     the policy's first chunk (10 of the 11 audio frames of 12 generated)."""
     seconds, frames = "fishserve:first_chunk_decode_seconds", "fishserve:first_chunk_frames"
     before = [metric(server, name + suffix) for name in (seconds, frames) for suffix in SUMS]
-    worker = server.state.runtime.decode_worker.runner
-    original = worker.start_jobs
+    runner = server.state.runtime.decode_worker.runner
+    original = runner.start_jobs
 
     def slow_start(jobs):
         time.sleep(0.3)
         return original(jobs)
 
-    worker.start_jobs = slow_start
+    runner.start_jobs = slow_start
     try:
         body = {**LONG, "max_new_tokens": 12}
         assert httpx.post(server.url + "/v1/tts", json=body, timeout=60).status_code == 200
     finally:
-        del worker.start_jobs
+        del runner.start_jobs
     after = [metric(server, name + suffix) for name in (seconds, frames) for suffix in SUMS]
     decode_s, decode_n, frames_sum, frames_n = (a - b for a, b in zip(after, before, strict=True))
     assert (decode_n, frames_n) == (1, 1)
