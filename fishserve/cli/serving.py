@@ -230,6 +230,14 @@ def serve(
             "(chunks due within 0.15 s never wait); 0 = decode at once.",
         ),
     ] = None,
+    decoder_call_overhead: Annotated[
+        float | None,
+        _setting(
+            "decoder_call_overhead",
+            "A decoder call's fixed cost in padded job-frames: larger pads more short chunks "
+            "into fewer, larger calls.",
+        ),
+    ] = None,
     decoder_pipeline: Annotated[
         bool | None,
         _setting(

@@ -129,6 +129,10 @@ class ServerConfig(BaseModel):
     # Seconds a queued audio chunk may wait for others to share its decoder call (chunks due
     # within 0.15 s never wait); 0: decode whatever is queued at once.
     decoder_batch_wait: float = Field(0.0, ge=0, le=1.0, allow_inf_nan=False)
+    # A decoder call's fixed cost in padded job-frames, by which the decoder weighs padding
+    # short chunks into one larger call against several calls (server.decode_plan). 64 is the
+    # decoder's own on an idle H200 (§6.9); beside a busy engine a call costs more (§6.29).
+    decoder_call_overhead: float = Field(64.0, ge=0, le=4096, allow_inf_nan=False)
     # Launch the next decoder call while the host still hands out the last one's audio (and,
     # with a full call queued, behind the running call): the decoder's GPU does not wait for
     # the decoder thread's host work between calls. Ignored with gpu_sharing "turns".
@@ -195,6 +199,7 @@ class ServerConfig(BaseModel):
         "max_decoder_lag",
         "early_chunk_margin",
         "decoder_batch_wait",
+        "decoder_call_overhead",
         "gpu_memory_budget",
         "gil_switch_interval",
         mode="before",

@@ -58,7 +58,7 @@ import numpy as np
 from fishserve.audio.batching import DecodeJob
 from fishserve.audio.decoder_runner import MAX_IN_FLIGHT, DecoderRunner, PendingDecode
 from fishserve.engine.gpu_turns import GpuTurns
-from fishserve.server.decode_plan import plan_call
+from fishserve.server.decode_plan import CALL_OVERHEAD_FRAMES, plan_call
 
 log = logging.getLogger(__name__)
 # (deadline, submission order, submitted at, job, its future); times in monotonic seconds.
@@ -76,6 +76,8 @@ SLOW_CALL_S = 1.0
 BUSY_JOBS = 4
 # The longest batch window accepted (seconds; the server setting allows up to 1).
 MAX_BATCH_WAIT_S = 60.0
+# The largest call overhead accepted (job-frames; a call of 32 jobs of 128 frames is 4,096).
+MAX_CALL_OVERHEAD = 4096.0
 # A call is planned over the earliest this many times `max_batch` queued jobs.
 PLAN_WINDOW = 4
 # A launched call and the requests its audio goes to.
@@ -107,9 +109,12 @@ class DecodeWorker:
             call queued before the last one ends (module docstring); ignored with
             `gpu_turns`, whose calls run one at a time between steps, and with a runner that
             decodes inside `start_jobs` (the CPU's: `launches_async` False).
+        call_overhead: a call's fixed cost in padded job-frames, by which `plan_call` weighs
+            one larger padded call against several smaller ones (`CALL_OVERHEAD_FRAMES`).
 
     Raises:
-        ValueError: `batch_wait` outside [0, `MAX_BATCH_WAIT_S`] (or NaN).
+        ValueError: `batch_wait` outside [0, `MAX_BATCH_WAIT_S`] or `call_overhead` outside
+            [0, `MAX_CALL_OVERHEAD`] (or either NaN).
     """
 
     def __init__(
@@ -118,11 +123,18 @@ class DecodeWorker:
         gpu_turns: GpuTurns | None = None,
         batch_wait: float = 0.0,
         pipeline: bool = True,
+        call_overhead: float = CALL_OVERHEAD_FRAMES,
     ) -> None:
         if not 0 <= batch_wait <= MAX_BATCH_WAIT_S:
             raise ValueError(
                 f"batch_wait must be between 0 and {MAX_BATCH_WAIT_S:g} seconds, got {batch_wait}"
             )
+        if not 0 <= call_overhead <= MAX_CALL_OVERHEAD:
+            raise ValueError(
+                f"call_overhead must be between 0 and {MAX_CALL_OVERHEAD:g} job-frames, "
+                f"got {call_overhead}"
+            )
+        self.call_overhead = call_overhead
         self.runner = runner
         self.gpu_turns = gpu_turns
         self.batch_wait = batch_wait
@@ -421,6 +433,7 @@ class DecodeWorker:
             self.max_batch,
             runner.frame_bucket,
             runner.batch_bucket,
+            self.call_overhead,
         )
 
     def _take(self, item: _Item | _Wake | None) -> bool:

@@ -574,6 +574,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
             gpu_turns=turns,
             batch_wait=config.decoder_batch_wait,
             pipeline=config.decoder_pipeline,
+            call_overhead=config.decoder_call_overhead,
         ),
         references=references,
         chunk_policy=policy,

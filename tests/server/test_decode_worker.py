@@ -833,3 +833,32 @@ def test_has_work_while_a_chunk_is_queued_or_decoding() -> None:
         time.sleep(0.01)
     assert not worker.has_work
     worker.shutdown()
+
+
+@pytest.mark.parametrize("overhead", [-1.0, float("nan"), 1e6])
+def test_a_call_overhead_out_of_range_is_refused(overhead: float) -> None:
+    with pytest.raises(ValueError, match="call_overhead"):
+        DecodeWorker(GatedRunner(max_batch=2), call_overhead=overhead)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("overhead", "calls"), [(0.0, [[1], [2, 3]]), (256.0, [[1, 2, 3]])])
+def test_the_call_overhead_decides_whether_a_short_chunk_rides_with_long_ones(
+    overhead: float, calls: list[list[int]]
+) -> None:
+    """A 3-frame chunk (bucket 8, 2 new frames) queued before two 30-frame ones (bucket 32, 5
+    new frames each, the rest context): with no fixed cost per call it goes alone (padding it
+    to 32 frames costs more than it brings); with a large one the three share a call."""
+    runner = GatedRunner(max_batch=4)
+    worker = DecodeWorker(runner, call_overhead=overhead)  # type: ignore[arg-type]
+    worker.start()
+    first = worker.submit(job(0))
+    assert runner.entered.wait(5)  # busy: the next jobs queue up
+    now = time.monotonic()
+    futures: list[Future[np.ndarray]] = [worker.submit(job(1), deadline=now + 1)]
+    for tag in (2, 3):
+        long = DecodeJob(np.full((2, 30), tag, dtype=np.int64), context_frames=25)
+        futures.append(worker.submit(long, deadline=now + 1 + tag))
+    runner.gate.set()
+    assert first.result(5)[0] == 0 and [f.result(5)[0] for f in futures] == [1, 2, 3]
+    worker.shutdown()
+    assert runner.calls[1:] == calls
