@@ -87,15 +87,20 @@ class ChunkPolicy:
             huge value (e.g. 1e9) jumps to ``chunk_frames`` right after the first chunk.
         left_context: frames of already-emitted context decoded with each chunk; ``None`` (the
             default) uses :func:`receptive_field_frames` of the decoder, which is exact.
+        rebuffer_frames: once a client playing the stream in real time has run out of audio,
+            the least frames of its next early chunk (a player rebuffering; the server's
+            pipeline applies it, `server.pipeline.Playback`); 0 (the default): no such floor.
 
     Raises:
-        ValueError: a size below 1 (``left_context`` below 0) or ``growth < 1``.
+        ValueError: a size below 1 (``left_context`` or ``rebuffer_frames`` below 0) or
+            ``growth < 1``.
     """
 
     first_chunk_frames: int = 10
     chunk_frames: int = 64
     growth: float = 2.0
     left_context: int | None = None
+    rebuffer_frames: int = 0
 
     def __post_init__(self) -> None:
         if self.first_chunk_frames < 1 or self.chunk_frames < 1:
@@ -107,6 +112,8 @@ class ChunkPolicy:
             raise ValueError(f"growth must be >= 1, got {self.growth}")
         if self.left_context is not None and self.left_context < 0:
             raise ValueError(f"left_context must be >= 0, got {self.left_context}")
+        if self.rebuffer_frames < 0:
+            raise ValueError(f"rebuffer_frames must be >= 0, got {self.rebuffer_frames}")
 
     def next_chunk_frames(self, previous: int) -> int:
         """Size of the chunk after one of ``previous`` frames: ``min(chunk, ceil(prev*growth))``."""

@@ -219,6 +219,14 @@ def serve(
             "so far go out as a shorter chunk.",
         ),
     ] = None,
+    rebuffer_frames: Annotated[
+        int | None,
+        _setting(
+            "rebuffer_frames",
+            "Once a playing client has run out of audio, the least frames of its stream's next "
+            "chunk (0 = off).",
+        ),
+    ] = None,
     max_decode_batch: Annotated[
         int | None, _setting("max_decode_batch", "Audio chunks decoded together at most.")
     ] = None,

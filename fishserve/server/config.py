@@ -122,6 +122,11 @@ class ServerConfig(BaseModel):
     # Seconds before a playing client runs out of audio at which the frames generated so far
     # go out as a shorter chunk. Smaller: longer chunks, fewer decoder calls, more risk of a gap.
     early_chunk_margin: float = Field(0.25, gt=0, le=5.0, allow_inf_nan=False)
+    # Once a client playing in real time has run out of audio, its stream's next chunk waits
+    # for at least this many frames (a player rebuffering) instead of half the first chunk:
+    # under overload, stalled streams send fewer, longer chunks (less decoder and host work
+    # per frame). 0: off. Not measured on a GPU yet (docs/benchmarks.md §6.30).
+    rebuffer_frames: int = Field(0, ge=0, le=4096)
     # Small decoder calls when the decoder shares every SM with the engine: its long convolution
     # kernels hold the SMs while an engine step's short kernels wait (docs/benchmarks.md §6.3).
     # On its own SMs (decoder_sms) larger calls are better: 16 measured best (§6.7).

@@ -125,7 +125,8 @@ async def synthesize(
     Chunks follow the runtime's `ChunkPolicy`, except that when a client that started playing
     at its first chunk is the runtime's `early_chunk_margin` (default `EARLY_CHUNK_S`) seconds
     from running out of audio, the frames generated so far
-    (at least `early_chunk_frames`) are decoded at once as a shorter chunk: when generation is
+    (at least `early_chunk_frames`; once the client has run out, at least the policy's
+    `rebuffer_frames`) are decoded at once as a shorter chunk: when generation is
     only a little faster than real time, growing chunks would otherwise leave gaps. With the
     runtime's `first_chunk_deadline` (seconds after arrival), the first chunk goes out the same
     way at that time if its frames are not all there yet. The last chunk carries the engine's
@@ -155,6 +156,7 @@ async def synthesize(
         early_chunk_frames(runtime.chunk_policy),
         first_by,
         runtime.early_chunk_margin,
+        runtime.chunk_policy.rebuffer_frames,
     )
     first_frame: float | None = None
     frames = 0
@@ -222,6 +224,11 @@ class Playback:
             frames are not all generated yet; None: no such deadline.
         margin: seconds before the client runs out of audio at which pending frames go out
             early (`EARLY_CHUNK_S` by default).
+        rebuffer_frames: once the client has run out of audio, the least frames of an early
+            chunk (`ChunkPolicy.rebuffer_frames`; 0: `early_frames` still). Under overload,
+            streams that already stalled then send fewer, longer chunks instead of whatever a
+            decoder round trip let them generate: each chunk costs the decoder a call slot and
+            its left context, and the engine's process the host work of a chunk.
     """
 
     def __init__(
@@ -230,8 +237,10 @@ class Playback:
         early_frames: int,
         first_chunk_by: float | None = None,
         margin: float = EARLY_CHUNK_S,
+        rebuffer_frames: int = 0,
     ) -> None:
         self.sample_rate, self._early = sample_rate, early_frames
+        self._rebuffer = max(early_frames, rebuffer_frames)
         self.first_chunk_by, self.margin = first_chunk_by, margin
         self.start: float | None = None  # monotonic seconds of the first chunk
         self.samples = 0
@@ -257,9 +266,13 @@ class Playback:
         return self.first_chunk_by if due is None else due - self.margin
 
     def early_frames(self) -> int | None:
-        """`early_frames` once `hurry_at` has passed, else None."""
-        hurry = self.hurry_at()
-        return self._early if hurry is not None and time.monotonic() >= hurry else None
+        """`early_frames` once `hurry_at` has passed (the larger `rebuffer_frames` once `due`
+        has too), else None."""
+        hurry, now = self.hurry_at(), time.monotonic()
+        if hurry is None or now < hurry:
+            return None
+        due = self.due()
+        return self._rebuffer if due is not None and now >= due else self._early
 
 
 async def _next_events(

@@ -518,7 +518,12 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
         dummy,
         decoder_dtype,
     )
-    policy = ChunkPolicy(config.first_chunk_frames, config.chunk_frames, config.chunk_growth)
+    policy = ChunkPolicy(
+        config.first_chunk_frames,
+        config.chunk_frames,
+        config.chunk_growth,
+        rebuffer_frames=config.rebuffer_frames,
+    )
     budget = parse_memory_size(config.gpu_memory_budget) if config.gpu_memory_budget else None
     engine_partition, decoder_partition = sm_partitions(config, device)
     engine = LLMEngine(

@@ -239,3 +239,37 @@ def test_a_stream_whose_audio_is_all_out_ends_with_an_empty_chunk_and_its_reason
     head, rest = asyncio.run(scenario())
     assert len(head.samples) == 10 * 256 and head.finish_reason is None
     assert [(len(c.samples), c.finish_reason) for c in rest] == [(0, "length")]
+
+
+def test_a_client_that_ran_dry_waits_for_the_rebuffer_frames(monkeypatch):
+    """Near its end the client gets an early chunk of `early_frames`; once it has run out of
+    audio, of `rebuffer_frames`; a smaller rebuffer never lowers the early floor."""
+    now = [100.0]
+    monkeypatch.setattr(pipeline.time, "monotonic", lambda: now[0])
+    playback = Playback(sample_rate=1000, early_frames=5, rebuffer_frames=16)
+    assert playback.early_frames() is None  # no first chunk and no first-chunk deadline
+    playback.add(1000)  # one second of audio from t=100
+    now[0] = 100.9
+    assert playback.early_frames() == 5  # within the margin, still playing
+    now[0] = 101.0
+    assert playback.early_frames() == 16  # ran out of audio
+    playback.add(1000)
+    assert playback.early_frames() is None  # playing again, not near its end
+    low = Playback(sample_rate=1000, early_frames=5, rebuffer_frames=2)
+    low.add(1000)  # from t=101
+    now[0] = 102.5  # ran out of audio
+    assert low.early_frames() == 5
+
+
+def test_rebuffer_frames_reach_the_runtime_chunk_policy(tmp_path):
+    from conftest import tiny_server_config
+
+    from fishserve.server.runtime import build_local_runtime
+
+    runtime = build_local_runtime(tiny_server_config(tmp_path, rebuffer_frames=16))
+    try:
+        assert runtime.chunk_policy.rebuffer_frames == 16
+    finally:
+        runtime.shutdown()
+    with pytest.raises(ValueError, match="rebuffer_frames"):
+        ChunkPolicy(rebuffer_frames=-1)
