@@ -87,9 +87,11 @@ class ChunkPolicy:
             huge value (e.g. 1e9) jumps to ``chunk_frames`` right after the first chunk.
         left_context: frames of already-emitted context decoded with each chunk; ``None`` (the
             default) uses :func:`receptive_field_frames` of the decoder, which is exact.
-        rebuffer_frames: once a client playing the stream in real time has run out of audio,
-            the least frames of its next early chunk (a player rebuffering; the server's
-            pipeline applies it, `server.pipeline.Playback`); 0 (the default): no such floor.
+        rebuffer_frames: the least frames of an early chunk while the audio sent so far is
+            behind a client playing the stream in real time since its first chunk (it has run
+            out: a player rebuffering; the server's pipeline applies it,
+            `server.pipeline.Playback`, which does not model a client's pauses, so a stream
+            that fell behind stays so until it catches up); 0 (the default): no such floor.
 
     Raises:
         ValueError: a size below 1 (``left_context`` or ``rebuffer_frames`` below 0) or

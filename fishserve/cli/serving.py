@@ -223,8 +223,8 @@ def serve(
         int | None,
         _setting(
             "rebuffer_frames",
-            "Once a playing client has run out of audio, the least frames of its stream's next "
-            "chunk (0 = off).",
+            "While a client playing in real time is out of audio, the least frames of its "
+            "stream's early chunks (0 = off).",
         ),
     ] = None,
     max_decode_batch: Annotated[

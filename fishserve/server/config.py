@@ -122,8 +122,9 @@ class ServerConfig(BaseModel):
     # Seconds before a playing client runs out of audio at which the frames generated so far
     # go out as a shorter chunk. Smaller: longer chunks, fewer decoder calls, more risk of a gap.
     early_chunk_margin: float = Field(0.25, gt=0, le=5.0, allow_inf_nan=False)
-    # Once a client playing in real time has run out of audio, its stream's next chunk waits
-    # for at least this many frames (a player rebuffering) instead of half the first chunk:
+    # While a client playing in real time since its first chunk is out of audio (the audio
+    # sent is behind that clock), its stream's early chunks wait for at least this many
+    # frames (a player rebuffering) instead of half the first chunk:
     # under overload, stalled streams send fewer, longer chunks (less decoder and host work
     # per frame). 0: off. Not measured on a GPU yet (docs/benchmarks.md §6.30).
     rebuffer_frames: int = Field(0, ge=0, le=4096)
@@ -205,6 +206,7 @@ class ServerConfig(BaseModel):
         "early_chunk_margin",
         "decoder_batch_wait",
         "decoder_call_overhead",
+        "rebuffer_frames",
         "gpu_memory_budget",
         "gil_switch_interval",
         mode="before",

@@ -125,7 +125,7 @@ async def synthesize(
     Chunks follow the runtime's `ChunkPolicy`, except that when a client that started playing
     at its first chunk is the runtime's `early_chunk_margin` (default `EARLY_CHUNK_S`) seconds
     from running out of audio, the frames generated so far
-    (at least `early_chunk_frames`; once the client has run out, at least the policy's
+    (at least `early_chunk_frames`; while the client is out of audio, at least the policy's
     `rebuffer_frames`) are decoded at once as a shorter chunk: when generation is
     only a little faster than real time, growing chunks would otherwise leave gaps. With the
     runtime's `first_chunk_deadline` (seconds after arrival), the first chunk goes out the same
@@ -224,8 +224,9 @@ class Playback:
             frames are not all generated yet; None: no such deadline.
         margin: seconds before the client runs out of audio at which pending frames go out
             early (`EARLY_CHUNK_S` by default).
-        rebuffer_frames: once the client has run out of audio, the least frames of an early
-            chunk (`ChunkPolicy.rebuffer_frames`; 0: `early_frames` still). Under overload,
+        rebuffer_frames: the least frames of an early chunk once `due` has passed, i.e. while
+            the audio sent is behind a client playing without pauses since the first chunk
+            (`ChunkPolicy.rebuffer_frames`; 0: `early_frames` still). Under overload,
             streams that already stalled then send fewer, longer chunks instead of whatever a
             decoder round trip let them generate: each chunk costs the decoder a call slot and
             its left context, and the engine's process the host work of a chunk.

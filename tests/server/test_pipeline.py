@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import Future
 from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from fishserve.audio.batching import DecodeJob
 from fishserve.audio.streaming import ChunkPolicy
 from fishserve.engine.async_engine import RequestStream
 from fishserve.engine.engine import EngineEvent, GenerationRequest
@@ -261,15 +265,74 @@ def test_a_client_that_ran_dry_waits_for_the_rebuffer_frames(monkeypatch):
     assert low.early_frames() == 5
 
 
-def test_rebuffer_frames_reach_the_runtime_chunk_policy(tmp_path):
-    from conftest import tiny_server_config
+class PacedEngine:
+    """A stand-in engine: one frame of 4 codes per millisecond, then a final event."""
 
-    from fishserve.server.runtime import build_local_runtime
+    def __init__(self, frames: int) -> None:
+        self.frames = frames
 
-    runtime = build_local_runtime(tiny_server_config(tmp_path, rebuffer_frames=16))
-    try:
-        assert runtime.chunk_policy.rebuffer_frames == 16
-    finally:
-        runtime.shutdown()
+    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> RequestStream:
+        stream = RequestStream(request.request_id, loop)
+        for i in range(self.frames):
+            loop.call_later(0.001 * (i + 1), stream.put_in_loop, frame_event(request.request_id))
+        final = EngineEvent(request.request_id, finished=True, finish_reason="length")
+        loop.call_later(0.001 * (self.frames + 1), stream.put_in_loop, final)
+        return stream
+
+    def cancel(self, request_id: str) -> None:
+        pass
+
+
+class InstantDecoder:
+    """A stand-in decoder thread: silence for each chunk's new frames, at once."""
+
+    def __init__(self, frame_samples: int) -> None:
+        self.frame_samples = frame_samples
+
+    def submit(
+        self, job: DecodeJob, deadline: float | None = None, request_id: str = ""
+    ) -> Future[np.ndarray]:
+        future: Future[np.ndarray] = Future()
+        future.set_result(np.zeros(job.new_frames * self.frame_samples, np.float32))
+        return future
+
+
+@pytest.mark.parametrize(("rebuffer", "least"), [(0, 5), (30, 20)])
+def test_a_stream_behind_its_client_sends_chunks_of_at_least_the_rebuffer_frames(
+    monkeypatch: pytest.MonkeyPatch, rebuffer: int, least: int
+) -> None:
+    """With the client always out of audio, each chunk between the first and the last goes
+    out once `early_chunk_frames` (5) frames are pending, or with `rebuffer_frames` (30,
+    capped by the schedule's 20 for the second chunk) once that many are."""
+    from fishserve.models.firefly.config import FireflyConfig
+
+    config = FireflyConfig.from_file(
+        Path(__file__).parents[1] / "fixtures/tiny_decoder/config.json"
+    )
+    monkeypatch.setattr(Playback, "due", lambda self: None if self.start is None else 0.0)
+    runtime = SimpleNamespace(
+        engine=PacedEngine(150),
+        decoder=config,
+        decode_worker=InstantDecoder(config.frame_samples),
+        chunk_policy=ChunkPolicy(rebuffer_frames=rebuffer),
+        stateful_decoder=False,
+        first_chunk_deadline=None,
+        early_chunk_margin=0.1,
+        sample_rate=config.sample_rate,
+        max_seq_len=4096,
+    )
+    request = GenerationRequest("Behind.", max_new_tokens=150, ignore_eos=True)
+
+    async def frames() -> list[int]:
+        return [c.frames async for c in pipeline.synthesize(runtime, request, 60.0)]
+
+    sizes = [n for n in asyncio.run(frames()) if n]  # not an empty last chunk
+    assert sum(sizes) == 150 and sizes[0] == 10
+    assert all(n >= least for n in sizes[1:-1]), sizes
+    if rebuffer == 0:  # an instant decoder: each chunk goes at the early floor, long before 20
+        assert min(sizes[1:-1]) < 20, sizes
+
+
+def test_a_negative_rebuffer_is_refused() -> None:
     with pytest.raises(ValueError, match="rebuffer_frames"):
         ChunkPolicy(rebuffer_frames=-1)

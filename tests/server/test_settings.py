@@ -163,7 +163,9 @@ def test_optional_numbers_take_none_and_refuse_on_off(tmp_path):
     assert ServerConfig.load(environ={"FISHSERVE_ENGINE_SMS": "56"}).engine_sms == 56
 
 
-@pytest.mark.parametrize("name", ["early_chunk_margin", "decoder_batch_wait", "max_decoder_lag"])
+@pytest.mark.parametrize(
+    "name", ["early_chunk_margin", "decoder_batch_wait", "max_decoder_lag", "decoder_call_overhead"]
+)
 def test_audio_timing_settings_refuse_on_off_and_nan(tmp_path, name):
     """YAML's `on` silently became 1.0 s; NaN was reported as out of range."""
     yaml_file = tmp_path / "serve.yaml"
@@ -172,6 +174,17 @@ def test_audio_timing_settings_refuse_on_off_and_nan(tmp_path, name):
         ServerConfig.load(yaml_file, environ={})
     with pytest.raises(ValueError, match=rf"{name} = .*finite number"):
         ServerConfig.load(overrides={name: "nan"}, environ={})
+
+
+def test_rebuffer_frames_refuses_on_off_and_negative(tmp_path):
+    """YAML's `on` would read as 1 frame, which is no floor at all."""
+    yaml_file = tmp_path / "serve.yaml"
+    yaml_file.write_text("rebuffer_frames: on\n")
+    with pytest.raises(ValueError, match=r"rebuffer_frames = .*not on/off or true/false"):
+        ServerConfig.load(yaml_file, environ={})
+    with pytest.raises(ValueError, match=r"rebuffer_frames = -1"):
+        ServerConfig.load(overrides={"rebuffer_frames": -1}, environ={})
+    assert ServerConfig.load(overrides={"rebuffer_frames": "24"}, environ={}).rebuffer_frames == 24
 
 
 @pytest.mark.parametrize(
