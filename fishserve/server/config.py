@@ -30,6 +30,7 @@ from pydantic import (
 from fishserve.engine.profiler_env import ENV_VARS as STEP_PROFILER_ENV_VARS
 from fishserve.engine.sizes import parse_memory_size
 from fishserve.models.config import check_checkpoint_folder, check_decoder_in
+from fishserve.server.decode_plan import CALL_OVERHEAD_FRAMES, MAX_CALL_OVERHEAD
 from fishserve.server.gc_control import MIN_FULL_INTERVAL_S
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,9 @@ class ServerConfig(BaseModel):
     # A decoder call's fixed cost in padded job-frames, by which the decoder weighs padding
     # short chunks into one larger call against several calls (server.decode_plan). 64 is the
     # decoder's own on an idle H200 (§6.9); beside a busy engine a call costs more (§6.29).
-    decoder_call_overhead: float = Field(64.0, ge=0, le=4096, allow_inf_nan=False)
+    decoder_call_overhead: float = Field(
+        CALL_OVERHEAD_FRAMES, ge=0, le=MAX_CALL_OVERHEAD, allow_inf_nan=False
+    )
     # Launch the next decoder call while the host still hands out the last one's audio (and,
     # with a full call queued, behind the running call): the decoder's GPU does not wait for
     # the decoder thread's host work between calls. Ignored with gpu_sharing "turns".

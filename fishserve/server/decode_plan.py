@@ -25,8 +25,10 @@ from collections.abc import Callable, Sequence
 # A call's fixed cost in padded job-frames (docs/benchmarks.md §6.9, bf16 on the H200: ~1.3 ms
 # per call against ~0.02 ms per job-frame in calls of 8-32 jobs of 24 or 64 frames).
 CALL_OVERHEAD_FRAMES = 64.0
+# The largest fixed cost a server may set (job-frames; a call of 32 jobs of 128 frames is 4,096).
+MAX_CALL_OVERHEAD = 4096.0
 
-__all__ = ["CALL_OVERHEAD_FRAMES", "plan_call"]
+__all__ = ["CALL_OVERHEAD_FRAMES", "MAX_CALL_OVERHEAD", "plan_call"]
 
 
 def plan_call(

@@ -58,7 +58,7 @@ import numpy as np
 from fishserve.audio.batching import DecodeJob
 from fishserve.audio.decoder_runner import MAX_IN_FLIGHT, DecoderRunner, PendingDecode
 from fishserve.engine.gpu_turns import GpuTurns
-from fishserve.server.decode_plan import CALL_OVERHEAD_FRAMES, plan_call
+from fishserve.server.decode_plan import CALL_OVERHEAD_FRAMES, MAX_CALL_OVERHEAD, plan_call
 
 log = logging.getLogger(__name__)
 # (deadline, submission order, submitted at, job, its future); times in monotonic seconds.
@@ -76,8 +76,6 @@ SLOW_CALL_S = 1.0
 BUSY_JOBS = 4
 # The longest batch window accepted (seconds; the server setting allows up to 1).
 MAX_BATCH_WAIT_S = 60.0
-# The largest call overhead accepted (job-frames; a call of 32 jobs of 128 frames is 4,096).
-MAX_CALL_OVERHEAD = 4096.0
 # A call is planned over the earliest this many times `max_batch` queued jobs.
 PLAN_WINDOW = 4
 # A launched call and the requests its audio goes to.
