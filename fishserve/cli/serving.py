@@ -141,6 +141,14 @@ def serve(
             "boost (at least 1).",
         ),
     ] = None,
+    realtime_admission: Annotated[
+        float | None,
+        _setting(
+            "realtime_admission",
+            "Admit a new request only while the engine's frame rate serves one more stream at "
+            "this many times the audio's frame rate (e.g. 1.15); others wait; 0 = off.",
+        ),
+    ] = None,
     engine_process: Annotated[
         str | None,
         _setting(

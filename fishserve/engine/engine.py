@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fishserve.engine.admission import StreamRateGate
 from fishserve.engine.block_manager import BlockManager
 from fishserve.engine.kv_cache import KVCacheLayout, PagedKVCache, resolve_kv_dtype
 from fishserve.engine.long_text import DEFAULT_MAX_LENGTH, plan_long_text
@@ -105,6 +106,11 @@ class EngineConfig:
             running sequences are not young (and at least one: with none, a boost step would
             be a second full step); below it a full step is about as fast as a boost step,
             and boosting would only halve the others' rate.
+        min_stream_frame_rate: real-time admission (`fishserve.engine.admission`): requests
+            that have not run yet wait in the queue while the engine's frame rate over the
+            last steps does not serve one more running sequence at this many frames per second
+            (e.g. 1.15 x the audio's frame rate); 0: off (admission by the caps and free KV
+            blocks only).
     """
 
     kv_cache_dtype: str = "auto"
@@ -124,10 +130,15 @@ class EngineConfig:
     confine_graphs: bool = False
     boost_frames: int = 0
     boost_min_running: int = 64
+    min_stream_frame_rate: float = 0.0
 
     def __post_init__(self) -> None:
         if self.boost_frames < 0 or self.boost_min_running < 0:
             raise ValueError("boost_frames and boost_min_running must be >= 0")
+        if not 0 <= self.min_stream_frame_rate < float("inf"):
+            raise ValueError(
+                f"min_stream_frame_rate must be finite and >= 0, got {self.min_stream_frame_rate}"
+            )
 
 
 @dataclass(frozen=True)
@@ -192,6 +203,9 @@ class EngineStats:
     steps: int = 0  # steps run (each computes one frame per decoding sequence)
     full_sort_rows: int = 0  # prefilter misses redone with a full sort (ModelRunner)
     boost_steps: int = 0  # steps of young sequences only (EngineConfig.boost_frames)
+    # scheduling passes that held a new request (EngineConfig.min_stream_frame_rate)
+    admission_held: int = 0
+    stream_frame_rate: float | None = None  # frames/s per running sequence (same), recent
 
 
 def _frame_events(
@@ -265,8 +279,13 @@ class LLMEngine:
         # keeps them in step with its running list; the runner gathers a step's rows there).
         rows = PersistentBatch(config.max_num_seqs, 1 + mc.num_codebooks, self.runner.max_blocks)
         self.runner.rows = rows
+        rate = config.min_stream_frame_rate
+        self.admission = StreamRateGate(rate) if rate > 0 else None
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, self._step_tokens()), self.blocks, rows
+            SchedulerConfig(config.max_num_seqs, self._step_tokens()),
+            self.blocks,
+            rows,
+            None if self.admission is None else self.admission.admits,
         )
         self.sequences: dict[str, Sequence] = {}
         self.frames_generated = 0
@@ -431,6 +450,7 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         """Current counters."""
+        gate = self.admission
         return EngineStats(
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),
@@ -442,6 +462,8 @@ class LLMEngine:
             steps=self.steps,
             full_sort_rows=self.runner.full_sort_rows,
             boost_steps=self.boost_steps,
+            admission_held=0 if gate is None else gate.held,
+            stream_frame_rate=None if gate is None else gate.stream_rate(),
         )
 
     # -- the step ------------------------------------------------------------------------------
@@ -462,6 +484,8 @@ class LLMEngine:
     def _schedule(self) -> ScheduledBatch:
         """The next step's batch: a boost step of the young sequences after a full step
         when `EngineConfig.boost_frames` calls for one, else a full step."""
+        if self.admission is not None:
+            self.admission.record(self.frames_generated, len(self.scheduler.running))
         if not self._boosted and self._boost_due():
             self._boosted = True
             batch = self.scheduler.schedule(only=self._young)

@@ -7,7 +7,9 @@ are admitted first-come-first-served while the caps allow:
 * `max_num_seqs` running sequences;
 * `max_num_batched_tokens` positions per step (long prompts are prefilled in chunks);
 * free KV blocks: a waiting sequence is admitted only if the blocks for its whole prompt are
-  free, so an admitted prefill never stalls for lack of blocks.
+  free, so an admitted prefill never stalls for lack of blocks;
+* with an `admission` check (the engine's real-time admission, `engine.admission`), a sequence
+  that has never run waits while the check refuses it.
 
 When a running sequence needs a new block and none is free, the newest running sequence is
 preempted: its blocks are freed and it goes back to the head of the waiting queue, to be
@@ -19,6 +21,7 @@ With a `PersistentBatch`, a sequence holds a slot of it exactly while it is in t
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -75,16 +78,25 @@ class Scheduler:
     Args:
         rows: the running sequences' persistent rows (`PersistentBatch`, at least
             `max_num_seqs` slots), kept in step with the running list; None: none kept.
+        admission: called with the number of running sequences before a sequence that has
+            never run is admitted; False holds it (and, first come first served, those behind
+            it) for this step. Sequences that ran before (preempted, or between segments) are
+            not asked about. None: no such check.
     """
 
     def __init__(
-        self, config: SchedulerConfig, blocks: BlockManager, rows: PersistentBatch | None = None
+        self,
+        config: SchedulerConfig,
+        blocks: BlockManager,
+        rows: PersistentBatch | None = None,
+        admission: Callable[[int], bool] | None = None,
     ) -> None:
         if rows is not None and rows.capacity < config.max_num_seqs:
             raise ValueError(f"{rows.capacity} persistent rows for {config.max_num_seqs} seqs")
         self.config = config
         self.blocks = blocks
         self.rows = rows
+        self.admission = admission
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -213,6 +225,10 @@ class Scheduler:
                 break  # do not re-admit what was just preempted in the same step
             if not self.blocks.can_grow(seq.block_table, seq.num_positions + 1):
                 break  # FCFS: later requests do not overtake the head of the queue
+            if seq.first_scheduled_time is None:
+                if self.admission is not None and not self.admission(len(self.running)):
+                    break
+                seq.first_scheduled_time = time.monotonic()
             self.waiting.popleft()
             self.blocks.grow(seq.block_table, seq.num_positions)
             seq.status = Status.RUNNING

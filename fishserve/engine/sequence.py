@@ -55,6 +55,8 @@ class Sequence:
             next step can be scheduled before the frame's values are known.
         slot: its row of the scheduler's `PersistentBatch` while it runs, else -1 (while it
             holds one, `window` is a view of that row).
+        first_scheduled_time: monotonic seconds of its first admission (None while it has
+            never run: the requests real-time admission may hold, `engine.admission`).
 
     Per-step state is kept in NumPy: a NumPy operation on a small array keeps the GIL, while
     a PyTorch call releases and re-acquires it, which under a busy event loop costs up to a

@@ -88,6 +88,12 @@ class ServerConfig(BaseModel):
     # least boost_min_running others run; 0 = off. Sync or async scheduling.
     boost_frames: int = Field(0, ge=0, le=8192)
     boost_min_running: int = Field(64, ge=0)
+    # Real-time admission (EngineConfig.min_stream_frame_rate, engine.admission): a request
+    # that has not run yet is admitted only while the engine's recent frame rate serves one
+    # more stream at this many times the audio's frame rate (1.15: 15% headroom); others
+    # wait in the queue (max_waiting and request_timeout still apply), so overload shows as
+    # time to first audio and "busy" instead of gaps in every stream. 0: off.
+    realtime_admission: float = Field(0.0, ge=0, le=100, allow_inf_nan=False)
     engine_process: Literal["auto", "on", "off"] = "auto"
     # With an engine process: where each stream's pipeline (chunking, playback deadlines,
     # timeouts) runs. "core": in the engine's process. "http": in the HTTP process, which
@@ -210,6 +216,7 @@ class ServerConfig(BaseModel):
         "decoder_batch_wait",
         "decoder_call_overhead",
         "rebuffer_frames",
+        "realtime_admission",
         "gpu_memory_budget",
         "gil_switch_interval",
         mode="before",

@@ -108,6 +108,18 @@ class Metrics:
             "engine_steps_total.",
             registry=r,
         )
+        self.admission_held = Counter(
+            "fishserve:admission_held_total",
+            "Engine scheduling passes that held a new request because running streams got "
+            "fewer frames per second than setting realtime_admission asks (0 when off).",
+            registry=r,
+        )
+        self.stream_frame_rate = Gauge(
+            "fishserve:stream_frame_rate",
+            "Frames per second each running stream got over the engine's last steps, as "
+            "real-time admission measures it (setting realtime_admission; 0 when off or idle).",
+            registry=r,
+        )
         self.full_sort_rows = Counter(
             "fishserve:sampler_full_sort_rows_total",
             "Slow-token draws the top-k prefilter could not decide, redone with a full sort "
@@ -181,6 +193,8 @@ class Metrics:
         self._advance("frames", self.frames, stats.frames_generated)
         self._advance("engine_steps", self.engine_steps, stats.steps)
         self._advance("boost_steps", self.boost_steps, stats.boost_steps)
+        self._advance("admission_held", self.admission_held, stats.admission_held)
+        self.stream_frame_rate.set(stats.stream_frame_rate or 0.0)
         self._advance("full_sort_rows", self.full_sort_rows, stats.full_sort_rows)
         self._advance("llm_busy", self.gpu_busy.labels(component="llm"), stats.busy_seconds)
 

@@ -210,6 +210,7 @@ def health_report(state: ServerState) -> tuple[dict[str, Any], int]:
     model["compile_fast_transformer"] = config.compile_fast_transformer
     model["boost_frames"] = config.boost_frames
     model["boost_min_running"] = config.boost_min_running
+    model["realtime_admission"] = config.realtime_admission
     model["decoder_sms"] = info.decoder_sms
     model["engine_sms"] = info.engine_sms
     model["confine_engine_graphs"] = config.confine_engine_graphs

@@ -543,6 +543,7 @@ def build_local_runtime(config: ServerConfig) -> Runtime:
             confine_graphs=config.confine_engine_graphs,
             boost_frames=config.boost_frames,
             boost_min_running=config.boost_min_running,
+            min_stream_frame_rate=config.realtime_admission * decoder.config.frame_rate,
             static_decode=config.async_scheduling,  # its overlapped steps are static ones
             decoder_workspace_bytes=decoder_workspace_bytes(
                 decoder,

@@ -13,6 +13,7 @@ import typer
 from fishserve.cli import app
 from fishserve.cli.serving import default_text
 from fishserve.server.config import ServerConfig
+from tests.conftest import tiny_server_config
 
 README = Path(__file__).parents[2] / "README.md"
 
@@ -164,7 +165,14 @@ def test_optional_numbers_take_none_and_refuse_on_off(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name", ["early_chunk_margin", "decoder_batch_wait", "max_decoder_lag", "decoder_call_overhead"]
+    "name",
+    [
+        "early_chunk_margin",
+        "decoder_batch_wait",
+        "max_decoder_lag",
+        "decoder_call_overhead",
+        "realtime_admission",
+    ],
 )
 def test_audio_timing_settings_refuse_on_off_and_nan(tmp_path, name):
     """YAML's `on` silently became 1.0 s; NaN was reported as out of range."""
@@ -185,6 +193,24 @@ def test_rebuffer_frames_refuses_on_off_and_negative(tmp_path):
     with pytest.raises(ValueError, match=r"rebuffer_frames = -1"):
         ServerConfig.load(overrides={"rebuffer_frames": -1}, environ={})
     assert ServerConfig.load(overrides={"rebuffer_frames": "24"}, environ={}).rebuffer_frames == 24
+
+
+def test_realtime_admission_becomes_the_engines_minimum_stream_rate(tmp_path):
+    """The setting is a multiple of the audio's frame rate; the engine gets frames/s."""
+    from fishserve.server.runtime import build_local_runtime
+
+    loaded = ServerConfig.load(overrides={"realtime_admission": "1.1"}, environ={})
+    assert loaded.realtime_admission == 1.1
+    with pytest.raises(ValueError, match=r"realtime_admission = -1"):
+        ServerConfig.load(overrides={"realtime_admission": -1}, environ={})
+    config = tiny_server_config(tmp_path, load_format="dummy", realtime_admission=2.0)
+    runtime = build_local_runtime(config)
+    try:
+        gate = runtime.engine.engine.admission
+        assert gate is not None
+        assert gate.min_rate == pytest.approx(2.0 * 44100 / 256)  # tiny decoder: 256 samples
+    finally:
+        runtime.shutdown()
 
 
 @pytest.mark.parametrize(

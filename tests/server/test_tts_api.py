@@ -294,6 +294,7 @@ def test_metrics_count_work_across_a_model_reload():
         stats = EngineStats(
             0, 0, 8, 8, 0, frames, busy, frames // 2, frames // 10, boost_steps=frames // 5
         )
+        stats.admission_held, stats.stream_frame_rate = frames // 10, frames / 10
         status = RuntimeStatus(stats, True, None, False, busy, calls, frames, calls * 2)
         status.gil_wait_seconds, status.gil_wakeups = busy / 100, frames
         return SimpleNamespace(status=lambda: status, pending=lambda: 0)
@@ -308,6 +309,8 @@ def test_metrics_count_work_across_a_model_reload():
     assert values["fishserve:engine_steps_total"] == 125
     assert values["fishserve:sampler_full_sort_rows_total"] == 25
     assert values["fishserve:engine_boost_steps_total"] == 50
+    assert values["fishserve:admission_held_total"] == 25
+    assert values["fishserve:stream_frame_rate"] == 15.0  # the live runtime's, a gauge
     assert values["fishserve:decoder_calls_total"] == 9
     assert values["fishserve:decoder_jobs_total"] == 18
     assert values['fishserve:gpu_busy_seconds_total{component="decoder"}'] == 4.0
