@@ -1,0 +1,3 @@
+# Round 31, call 4 (as run, given inline to the device tool with timeout 300 s; the machine was
+# a fresh lease): E's flags (the README's H200 command) at 1000 streams, the lease's check.
+source docs/data/round29_scripts/gpu.sh >/dev/null; F="--early-chunk-margin 0.12 --engine-sms 56 --boost-frames 64 --async-scheduling --stream-pipeline core --first-chunk-deadline 0.15 --max-decode-batch 32 --decoder-call-overhead 256"; export PROCS=2 DUR=30; run_server E "$F" 1000 2>&1 | grep -E "L1000|up after" | tee $OUT/log.txt; python3 docs/data/round29_scripts/split.py /tmp/b | grep E_ | tee -a $OUT/log.txt; cd $OUT && tar czf res.tgz E && rm -rf E
