@@ -68,10 +68,10 @@ class StreamRateGate:
 
     def frame_rate(self) -> float | None:
         """Frames per second the engine generated over the window (all sequences); None with
-        fewer than two steps in it (after an idle spell too)."""
+        fewer than two steps in it or no step for a window's time (idle)."""
         samples = self._samples
-        if len(samples) < 2:
-            return None
+        if len(samples) < 2 or self._clock() - samples[-1][0] > self.window_s:
+            return None  # (an engine that stopped stepping: idle, its old rate says nothing)
         (t0, f0, _), (t1, f1, _) = samples[0], samples[-1]
         return (f1 - f0) / (t1 - t0) if t1 > t0 else None
 

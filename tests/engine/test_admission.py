@@ -55,6 +55,7 @@ def test_the_gate_admits_what_the_engines_frame_rate_serves_at_the_minimum():
     assert gate.stream_rate() == pytest.approx(30.0)
     assert gate.admits(14) and not gate.admits(15) and gate.held == 3
     clock.t += 5.0  # an idle spell: the old steps say nothing about now
+    assert gate.frame_rate() is None and gate.stream_rate() is None  # before any new step
     gate.record(frames + 1000, 0)
     assert gate.frame_rate() is None and gate.stream_rate() is None
 
