@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from math import ceil
 
 # Seconds of steps the rate is measured over: ~20-30 steps of a loaded H200 (40-60 steps/s
 # at 1,000 streams, §6.30-§6.31): long enough to average boost and full steps, short enough
@@ -54,26 +55,53 @@ class StreamRateGate:
         # (time s, frames generated so far, running sequences) at each step's scheduling
         self._samples: deque[tuple[float, int, int]] = deque()
         self._running_sum = 0  # of the samples' running counts
-        self.held = 0  # scheduling passes that held a request (a counter for metrics)
+        self.held = 0  # steps that held a request (a counter for metrics)
+        self._held_this_step = False
+        # running sequences the gate allows this step (new ones join while fewer run); read
+        # by other threads for the queue bound (`AsyncEngine`): one attribute, set at once
+        self.capacity = 1
+
+    def reset(self) -> None:
+        """Forget the steps so far and the `held` count (after the engine's warm-up)."""
+        self._samples.clear()
+        self._running_sum, self.held, self.capacity = 0, 0, 1
 
     def record(self, frames_generated: int, running: int) -> None:
-        """Note the engine's frame count (total so far) and running sequences; call once per
-        step, before it is scheduled."""
+        """Note the engine's frame count (total so far) and running sequences and set
+        `capacity`; call once per step, before it is scheduled.
+
+        An empty engine's past rate says nothing about its next streams: with none running
+        the steps so far are forgotten. One step before the window is kept as the baseline,
+        so that steps longer than the window are still measured.
+        """
         now = self._clock()
         samples = self._samples
+        if running == 0:
+            samples.clear()
+            self._running_sum = 0
         samples.append((now, frames_generated, running))
         self._running_sum += running
-        while samples[0][0] < now - self.window_s:  # never the one just added
+        while len(samples) > 2 and samples[1][0] <= now - self.window_s:
             self._running_sum -= samples.popleft()[2]
+        self._held_this_step = False
+        total = self._measured_rate()
+        # admits while running < total / min_rate, i.e. running + 1 <= ceil(total / min_rate)
+        self.capacity = max(1, running) if total is None else max(1, ceil(total / self.min_rate))
+
+    def _measured_rate(self) -> float | None:
+        """Frames per second over the samples (None with fewer than two)."""
+        samples = self._samples
+        if len(samples) < 2:
+            return None
+        (t0, f0, _), (t1, f1, _) = samples[0], samples[-1]
+        return max(0, f1 - f0) / (t1 - t0) if t1 > t0 else None
 
     def frame_rate(self) -> float | None:
         """Frames per second the engine generated over the window (all sequences); None with
-        fewer than two steps in it or no step for a window's time (idle)."""
-        samples = self._samples
-        if len(samples) < 2 or self._clock() - samples[-1][0] > self.window_s:
-            return None  # (an engine that stopped stepping: idle, its old rate says nothing)
-        (t0, f0, _), (t1, f1, _) = samples[0], samples[-1]
-        return (f1 - f0) / (t1 - t0) if t1 > t0 else None
+        fewer than two steps measured or no step for a window's time (idle)."""
+        if not self._samples or self._clock() - self._samples[-1][0] > self.window_s:
+            return None  # an engine that stopped stepping: its old rate says nothing
+        return self._measured_rate()
 
     def stream_rate(self) -> float | None:
         """Frames per second per running sequence over the window; None as `frame_rate`, or
@@ -85,18 +113,17 @@ class StreamRateGate:
         return None if total is None or running <= 0 else total / running
 
     def admits(self, running: int) -> bool:
-        """Whether a request that has not run yet may join `running` sequences now: always
-        with none running, else while `running` < `frame_rate` / `min_rate`, the sequences
-        the engine's recent frame rate serves at `min_rate` each. A loaded engine's frame rate
-        changes little with one stream more, so admissions stop near that count instead of
-        in bursts; an engine with room makes more frames per second with each stream it
+        """Whether a request that has not run yet may join `running` sequences now: while
+        `running` < `capacity` (set by `record`: the engine's recent frame rate / `min_rate`,
+        and 1 until a rate is measured), so always with none running. A loaded engine's frame
+        rate changes little with one stream more, so admissions stop near that count instead
+        of in bursts; an engine with room makes more frames per second with each stream it
         admits, so its count grows step by step. A burst after an idle spell starts with one
-        request, the rest a step or two later, once the rate is measured. Counts a refusal in
-        `held`."""
-        if running == 0:
+        request, the rest a step or two later, once the rate is measured. Counts a step that
+        refused in `held` (once per step)."""
+        if running < self.capacity:
             return True
-        total = self.frame_rate()
-        if total is not None and running < total / self.min_rate:
-            return True
-        self.held += 1
+        if not self._held_this_step:
+            self.held += 1
+            self._held_this_step = True
         return False

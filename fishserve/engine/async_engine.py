@@ -244,10 +244,13 @@ class AsyncEngine:
     def _pending(self) -> int:
         """Requests that must wait for admission (lock held).
 
-        Requests beyond `max_num_seqs` wait for sure; the last step's waiting count adds those
-        held back for lack of KV blocks.
+        Requests beyond `max_num_seqs` (or what real-time admission lets run now, when on)
+        wait for sure; the last step's waiting count adds those held back for lack of KV
+        blocks or by real-time admission.
         """
         capacity = self.engine.config.max_num_seqs
+        if self.engine.admission is not None:
+            capacity = min(capacity, self.engine.admission.capacity)
         return max(len(self._streams) - capacity, self._stats.waiting, 0)
 
     # -- engine thread -------------------------------------------------------------------------

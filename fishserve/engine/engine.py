@@ -203,9 +203,10 @@ class EngineStats:
     steps: int = 0  # steps run (each computes one frame per decoding sequence)
     full_sort_rows: int = 0  # prefilter misses redone with a full sort (ModelRunner)
     boost_steps: int = 0  # steps of young sequences only (EngineConfig.boost_frames)
-    # scheduling passes that held a new request (EngineConfig.min_stream_frame_rate)
+    # steps that held a new request (EngineConfig.min_stream_frame_rate)
     admission_held: int = 0
     stream_frame_rate: float | None = None  # frames/s per running sequence (same), recent
+    admission_capacity: int | None = None  # running sequences real-time admission allows
 
 
 def _frame_events(
@@ -464,6 +465,7 @@ class LLMEngine:
             boost_steps=self.boost_steps,
             admission_held=0 if gate is None else gate.held,
             stream_frame_rate=None if gate is None else gate.stream_rate(),
+            admission_capacity=None if gate is None else gate.capacity,
         )
 
     # -- the step ------------------------------------------------------------------------------

@@ -39,9 +39,10 @@ def warm_up_general_path(engine: LLMEngine) -> float:
     """Run one step through the general prefill path, then two decode steps; return seconds.
 
     Two synthetic requests (ignore_eos, 2 frames each) whose prompts together exceed
-    `max_rows` positions are queued and stepped to completion; the engine's and the runner's
-    counters (steps, frames, full-sort rows, busy time) are restored afterwards, and every KV
-    block is free again. Call it on the engine
+    `max_rows` positions are queued and stepped to completion (real-time admission, which
+    would run them one at a time, is off meanwhile); the engine's and the runner's counters
+    (steps, frames, full-sort rows, busy time) are restored afterwards, the admission gate's
+    measurements cleared, and every KV block is free again. Call it on the engine
     thread before serving (nothing else may be queued). Returns 0.0 without doing anything when
     `general_path_reachable` is False or the prompts could not fit the model's context or the
     KV pool.
@@ -61,14 +62,20 @@ def warm_up_general_path(engine: LLMEngine) -> float:
     start = time.perf_counter()
     steps, frames = engine.steps, engine.frames_generated
     runner_counters = engine.runner.counter_state()
-    for i in range(_REQUESTS):
-        engine.add_request(_request(words, f"warm-up-{i}"))
-    for _ in range(64):  # 1-2 prefill steps, then one decode step
-        engine.step()
-        if not engine.has_work():
-            break
-    else:
-        raise RuntimeError("the engine's warm-up requests did not finish in 64 steps")
+    admission, engine.scheduler.admission = engine.scheduler.admission, None  # both at once
+    try:
+        for i in range(_REQUESTS):
+            engine.add_request(_request(words, f"warm-up-{i}"))
+        for _ in range(64):  # 1-2 prefill steps, then one decode step
+            engine.step()
+            if not engine.has_work():
+                break
+        else:
+            raise RuntimeError("the engine's warm-up requests did not finish in 64 steps")
+    finally:
+        engine.scheduler.admission = admission
+    if engine.admission is not None:
+        engine.admission.reset()  # its steps and frame counts are the warm-up's
     engine.runner.synchronize()
     engine.steps, engine.frames_generated = steps, frames
     engine.runner.restore_counters(runner_counters)

@@ -186,9 +186,10 @@ class RemoteRuntime:
         """Requests waiting for admission: the core's last count plus those sent since that
         its free sequence slots cannot take (`estimate_waiting`)."""
         engine = self._status.engine
-        return estimate_waiting(
-            engine.waiting, engine.running, self.info.max_num_seqs, self._sent_since_status
-        )
+        slots = self.info.max_num_seqs
+        if engine.admission_capacity is not None:  # real-time admission lets fewer run now
+            slots = min(slots, engine.admission_capacity)
+        return estimate_waiting(engine.waiting, engine.running, slots, self._sent_since_status)
 
     def idle(self) -> bool:
         """Whether no request of this process is waiting for the core's messages."""

@@ -110,8 +110,8 @@ class Metrics:
         )
         self.admission_held = Counter(
             "fishserve:admission_held_total",
-            "Engine scheduling passes that held a new request because running streams got "
-            "fewer frames per second than setting realtime_admission asks (0 when off).",
+            "Engine steps that held a new request because the engine's frame rate did not serve "
+            "one more stream at setting realtime_admission's rate (0 when off).",
             registry=r,
         )
         self.stream_frame_rate = Gauge(

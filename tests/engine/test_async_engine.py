@@ -77,6 +77,32 @@ def test_asyncio_stream_and_cancel(async_engine):
     assert stats.blocks_free == stats.blocks_total
 
 
+def test_a_burst_held_by_real_time_admission_counts_against_the_queue(tiny_model, tiny_tokenizer):
+    """With admission letting one stream run, 16 requests at once into 16 free sequence
+    slots: 1 runs, `max_waiting` (2) wait, the rest are refused, not queued past the bound."""
+    engine = AsyncEngine(
+        make_engine(tiny_model, tiny_tokenizer, max_num_seqs=16, min_stream_frame_rate=1e9),
+        max_waiting=2,
+    )
+    engine.start()
+    accepted, refused = [], 0
+    try:
+        for i in range(16):
+            try:
+                accepted.append(
+                    engine.submit(
+                        GenerationRequest("Burst.", request_id=f"q{i}", max_new_tokens=50)
+                    )
+                )
+            except EngineBusyError:
+                refused += 1
+        assert (len(accepted), refused) == (3, 13)
+        for s in accepted:
+            engine.cancel(s.request_id)
+    finally:
+        engine.shutdown()
+
+
 def test_full_queue_says_busy(tiny_model, tiny_tokenizer):
     engine = AsyncEngine(make_engine(tiny_model, tiny_tokenizer, max_num_seqs=1), max_waiting=2)
     engine.start()

@@ -23,10 +23,13 @@ def static_engine(model, tokenizer, **overrides):
     return make_engine(model, tokenizer, **settings)
 
 
+@pytest.mark.parametrize("admission", [0.0, 1e9], ids=["admission off", "admission on"])
 def test_warm_up_runs_the_general_prefill_path_and_leaves_the_engine_as_it_was(
-    tiny_model, tiny_tokenizer, monkeypatch
+    tiny_model, tiny_tokenizer, monkeypatch, admission
 ) -> None:
-    engine = static_engine(tiny_model, tiny_tokenizer)
+    """Real-time admission (which would run the two prompts one at a time, never together
+    through the general path) is off during the warm-up and forgets it afterwards."""
+    engine = static_engine(tiny_model, tiny_tokenizer, min_stream_frame_rate=admission)
     prefills: list[int] = []
     general = engine.runner._prefill
     monkeypatch.setattr(
@@ -40,6 +43,9 @@ def test_warm_up_runs_the_general_prefill_path_and_leaves_the_engine_as_it_was(
     assert engine.blocks.num_free == free
     assert (engine.steps, engine.frames_generated) == (0, 0)
     assert (engine.runner.full_sort_rows, engine.runner.busy_seconds) == (0, 0.0)
+    if admission:
+        assert engine.scheduler.admission is not None
+        assert engine.stats().admission_held == 0 and engine.admission.capacity == 1
 
 
 def test_warm_up_finds_a_prompt_that_fits_a_small_pool(tiny_model, tiny_tokenizer) -> None:
