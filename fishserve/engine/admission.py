@@ -106,11 +106,14 @@ class StreamRateGate:
     def stream_rate(self) -> float | None:
         """Frames per second per running sequence over the window; None as `frame_rate`, or
         with none running."""
-        total, samples = self.frame_rate(), self._samples
+        total = self.frame_rate()
+        if not total:  # None, or no frames: no rate per stream either
+            return None
         # the frames between the first and last sample were made by the sequences running at
-        # the samples before the last one
-        running = (self._running_sum - samples[-1][2]) / (len(samples) - 1) if total else 0.0
-        return None if total is None or running <= 0 else total / running
+        # the samples before the last one (a rate means two samples at least)
+        samples = self._samples
+        running = (self._running_sum - samples[-1][2]) / (len(samples) - 1)
+        return total / running if running > 0 else None
 
     def admits(self, running: int) -> bool:
         """Whether a request that has not run yet may join `running` sequences now: while

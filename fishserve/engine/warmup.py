@@ -62,7 +62,8 @@ def warm_up_general_path(engine: LLMEngine) -> float:
     start = time.perf_counter()
     steps, frames = engine.steps, engine.frames_generated
     runner_counters = engine.runner.counter_state()
-    admission, engine.scheduler.admission = engine.scheduler.admission, None  # both at once
+    admission = engine.scheduler.admission  # off: it would run the prompts one at a time
+    engine.scheduler.admission = None
     try:
         for i in range(_REQUESTS):
             engine.add_request(_request(words, f"warm-up-{i}"))
